@@ -1,0 +1,1 @@
+"""The PyTorch definition of the GDN layer: config, checkpoints, the layer and its modes."""

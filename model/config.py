@@ -1,0 +1,360 @@
+"""Frozen configuration of the GDN decoder layers of Qwen3-Next, Qwen3.5 and Qwen4-Exp, and the preset table.
+
+One class, `GdnConfig`, holds the Hugging Face fields the GDN layers need (HF names where HF has one) and derives
+every shape from them: the state shapes below are the only place they are computed. Constructors: `from_hf`
+(a `config.json` dict or path, text config nested or not) and `preset(name)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class Family(str, enum.Enum):
+    """Model family: decides checkpoint names and the residual style."""
+
+    QWEN3_NEXT = "qwen3_next"
+    QWEN3_5 = "qwen3_5"
+    QWEN4_EXP = "qwen4_exp"
+
+
+# model_type values found in HF configs (outer multimodal wrapper or text config) -> family
+_MODEL_TYPES = {
+    "qwen3_next": Family.QWEN3_NEXT,
+    "qwen3_5": Family.QWEN3_5,
+    "qwen3_5_text": Family.QWEN3_5,
+    "qwen3_5_moe": Family.QWEN3_5,
+    "qwen3_5_moe_text": Family.QWEN3_5,
+    "qwen4_exp": Family.QWEN4_EXP,
+    "qwen4_exp_text": Family.QWEN4_EXP,
+}
+
+LINEAR = "linear_attention"
+_GATE_ACTS = ("silu", "sigmoid")
+
+
+@dataclass(frozen=True)
+class GdnConfig:
+    """The fields of one model's GDN layers; every shape the project uses is derived here.
+
+    `layer_types` lists all decoder layers (HF convention); only `linear_attention` layers are GDN layers.
+    `dense_mlp_layers` are the zero-indexed layers that carry a dense SwiGLU MLP; every other GDN layer is
+    exported mixer-only (its MoE runs elsewhere). `hc_count == 1` means the plain residual (Qwen3-Next,
+    Qwen3.5); `hc_count > 1` is Qwen4-Exp's gated residual over `hc_count` streams. `ple_layer_ids` is one-indexed,
+    as in HF.
+    """
+
+    family: Family
+    hidden_size: int
+    layer_types: tuple[str, ...]
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int = 4
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    output_gate_type: str = "silu"
+    intermediate_size: int = 0
+    dense_mlp_layers: tuple[int, ...] = ()
+    hc_count: int = 1
+    hc_lowrank: int = 0
+    ple_layer_ids: tuple[int, ...] = ()
+    ple_embed_dim: int = 0
+    ple_conv_kernel_size: int = 4
+    ngram_size: int = 3
+    heads_per_ngram: int = 8
+    ngram_vocab_size_base: int = 20_000_000
+    make_ngram_vocab_size_divisible_by: int = 128
+    seed: int = 1234
+    vocab_size: int = 151_936
+    eos_token_id: int = 151_645
+    dtype: str = "bfloat16"
+    name: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(f"GdnConfig({self.name}): {msg}")
+
+        need(isinstance(self.family, Family), f"family must be a Family, got {self.family!r}")
+        for f in ("hidden_size", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                  "linear_value_head_dim", "linear_conv_kernel_dim", "hc_count"):
+            need(int(getattr(self, f)) >= 1, f"{f} must be >= 1, got {getattr(self, f)}")
+        need(self.linear_num_value_heads % self.linear_num_key_heads == 0,
+             f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of linear_num_key_heads "
+             f"({self.linear_num_key_heads})")
+        need(LINEAR in self.layer_types, "layer_types has no linear_attention layer")
+        need(self.output_gate_type in _GATE_ACTS, f"output_gate_type must be one of {_GATE_ACTS}")
+        need(self.hidden_act == "silu", f"hidden_act must be silu (the conv activation), got {self.hidden_act}")
+        n = len(self.layer_types)
+        need(all(0 <= i < n for i in self.dense_mlp_layers), f"dense_mlp_layers out of range 0..{n - 1}")
+        need(not self.dense_mlp_layers or self.intermediate_size > 0, "dense MLP layers need intermediate_size > 0")
+        if self.hc_count > 1:
+            need(self.hc_lowrank >= 1, "hc_count > 1 needs hc_lowrank >= 1")
+        need(all(1 <= i <= n for i in self.ple_layer_ids), f"ple_layer_ids are one-indexed, 1..{n}")
+        if self.ple_layer_ids:
+            need(self.hc_count > 1, "PLE needs the hyper-connection streams (hc_count > 1)")
+            need(all(self.layer_types[i - 1] == LINEAR for i in self.ple_layer_ids),
+                 "PLE is supported on GDN (linear_attention) layers only")
+            need(self.ngram_size >= 2 and self.heads_per_ngram >= 1, "ngram_size >= 2 and heads_per_ngram >= 1")
+            need(self.ple_embed_dim % self.ple_heads == 0,
+                 f"ple_embed_dim ({self.ple_embed_dim}) must be a multiple of the {self.ple_heads} n-gram heads")
+        need(self.dtype in ("bfloat16", "float16", "float32"), f"unsupported dtype {self.dtype}")
+
+    # ---- derived sizes (the one shape authority) ----
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def gdn_layer_ids(self) -> tuple[int, ...]:
+        """Zero-indexed decoder layers that are GDN layers, in checkpoint order."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR)
+
+    @property
+    def gva_ratio(self) -> int:
+        return self.linear_num_value_heads // self.linear_num_key_heads
+
+    @property
+    def key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the GDN conv, ordered [Q | K | V]."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def in_proj_dim(self) -> int:
+        """Rows of the fused internal input projection, ordered [Q | K | V | Z | B | A]."""
+        return self.conv_dim + self.value_dim + 2 * self.linear_num_value_heads
+
+    @property
+    def ssm_state_shape(self) -> tuple[int, int, int]:
+        """One slot of the recurrent state: [HV, K, V] (key-dim rows, as HF and FLA)."""
+        return (self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim)
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int]:
+        """One slot of the GDN conv state: [conv_dim, W-1] pre-conv inputs, oldest first."""
+        return (self.conv_dim, self.linear_conv_kernel_dim - 1)
+
+    @property
+    def is_hc(self) -> bool:
+        return self.hc_count > 1
+
+    @property
+    def stream_dim(self) -> int:
+        """Width of the activation entering a layer: C (plain) or n*C (hc streams)."""
+        return self.hc_count * self.hidden_size
+
+    @property
+    def ple_heads(self) -> int:
+        return (self.ngram_size - 1) * self.heads_per_ngram
+
+    @property
+    def ple_head_dim(self) -> int:
+        return self.ple_embed_dim // self.ple_heads
+
+    @property
+    def ple_dilation(self) -> int:
+        return self.ngram_size
+
+    @property
+    def ple_carry(self) -> int:
+        """Rows of PLE conv history: (k-1)*dilation, not k-1."""
+        return (self.ple_conv_kernel_size - 1) * self.ple_dilation
+
+    @property
+    def ple_conv_state_shape(self) -> tuple[int, int]:
+        return (self.stream_dim, self.ple_carry)
+
+    def has_ple(self, layer_idx: int) -> bool:
+        return (layer_idx + 1) in self.ple_layer_ids
+
+    def ple_index(self, layer_idx: int) -> int:
+        """Position of a PLE layer among the PLE layers (HF `ple_layer_index`: selects primes and multipliers)."""
+        return sorted(self.ple_layer_ids).index(layer_idx + 1)
+
+    def has_mlp(self, layer_idx: int) -> bool:
+        return layer_idx in self.dense_mlp_layers
+
+    def config_hash(self) -> str:
+        """Stable hash of every field that changes weights, shapes or numerics (not the display name)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
+        d["family"] = self.family.value
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> "GdnConfig":
+        return dataclasses.replace(self, **changes)
+
+    # ---- HF config.json ----
+    @classmethod
+    def from_hf(cls, cfg: dict | str | Path, name: str = "hf") -> "GdnConfig":
+        """Build from an HF `config.json` (path or dict) of the three families; nested text configs are read."""
+        if not isinstance(cfg, dict):
+            cfg = json.loads(Path(cfg).read_text())
+        outer_type = cfg.get("model_type")
+        text = cfg.get("text_config") or cfg
+        model_type = text.get("model_type", outer_type)
+        family = _MODEL_TYPES.get(model_type) or _MODEL_TYPES.get(outer_type)
+        if family is None:
+            raise ValueError(f"unsupported model_type {model_type!r}; expected one of {sorted(_MODEL_TYPES)}")
+        n = int(text["num_hidden_layers"])
+        layer_types = text.get("layer_types")
+        if layer_types is None:
+            interval = int(text.get("full_attention_interval", 4))
+            layer_types = [LINEAR if (i + 1) % interval else "full_attention" for i in range(n)]
+        eos = text.get("eos_token_id", cfg.get("eos_token_id"))
+        eos = eos[0] if isinstance(eos, list) else eos
+        hidden = int(text["hidden_size"])
+        kw: dict[str, Any] = dict(
+            family=family,
+            name=name,
+            hidden_size=hidden,
+            layer_types=tuple(layer_types),
+            linear_num_key_heads=int(text["linear_num_key_heads"]),
+            linear_num_value_heads=int(text["linear_num_value_heads"]),
+            linear_key_head_dim=int(text["linear_key_head_dim"]),
+            linear_value_head_dim=int(text["linear_value_head_dim"]),
+            linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+            hidden_act=text.get("hidden_act", "silu"),
+            output_gate_type=text.get("output_gate_type") or text.get("hidden_act", "silu"),
+            intermediate_size=int(text.get("intermediate_size") or 0),
+            dense_mlp_layers=_dense_mlp_layers(family, model_type, text, n),
+            vocab_size=int(text.get("vocab_size", 151_936)),
+            eos_token_id=int(eos) if eos is not None else 151_645,
+            dtype=str(text.get("dtype") or text.get("torch_dtype") or cfg.get("torch_dtype") or "bfloat16"),
+        )
+        if family is Family.QWEN4_EXP:
+            kw.update(
+                hc_count=int(text.get("hc_count", 4)),
+                hc_lowrank=int(text.get("hc_lowrank", 320)),
+                ple_layer_ids=tuple(sorted(set(text.get("ple_layer_ids") or []))),
+                ple_embed_dim=int(text.get("ple_embed_dim") or hidden),
+                ple_conv_kernel_size=int(text.get("ple_conv_kernel_size", 4)),
+                ngram_size=int(text.get("ngram_size", 3)),
+                heads_per_ngram=int(text.get("heads_per_ngram", 8)),
+                ngram_vocab_size_base=int(text.get("ngram_vocab_size_base", 20_000_000)),
+                make_ngram_vocab_size_divisible_by=int(text.get("make_ngram_vocab_size_divisible_by", 128)),
+                seed=int(text.get("seed", 1234)),
+            )
+        return cls(**kw)
+
+    def to_hf(self) -> dict:
+        """An HF `config.json` of this family (text config; Qwen3.5 and Qwen4-Exp wrapped like the hub's)."""
+        text: dict[str, Any] = {
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "layer_types": list(self.layer_types),
+            "linear_num_key_heads": self.linear_num_key_heads,
+            "linear_num_value_heads": self.linear_num_value_heads,
+            "linear_key_head_dim": self.linear_key_head_dim,
+            "linear_value_head_dim": self.linear_value_head_dim,
+            "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "hidden_act": self.hidden_act,
+            "vocab_size": self.vocab_size,
+            "eos_token_id": self.eos_token_id,
+            "dtype": self.dtype,
+            "intermediate_size": self.intermediate_size or 4 * self.hidden_size,
+        }
+        if self.family is Family.QWEN3_NEXT:
+            # dense MLP layers are HF's mlp_only_layers; the rest are MoE
+            text.update(model_type="qwen3_next", mlp_only_layers=list(self.dense_mlp_layers),
+                        num_experts=0 if len(self.dense_mlp_layers) == self.num_layers else 512,
+                        decoder_sparse_step=1)
+            return text
+        if self.family is Family.QWEN3_5:
+            dense = len(self.dense_mlp_layers) == self.num_layers
+            text["model_type"] = "qwen3_5_text" if dense else "qwen3_5_moe_text"
+            return {"model_type": "qwen3_5" if dense else "qwen3_5_moe", "text_config": text}
+        text.update(
+            model_type="qwen4_exp_text", output_gate_type=self.output_gate_type, hc_count=self.hc_count,
+            hc_lowrank=self.hc_lowrank, ple_layer_ids=list(self.ple_layer_ids), ple_embed_dim=self.ple_embed_dim,
+            ple_conv_kernel_size=self.ple_conv_kernel_size, ngram_size=self.ngram_size,
+            heads_per_ngram=self.heads_per_ngram, ngram_vocab_size_base=self.ngram_vocab_size_base,
+            make_ngram_vocab_size_divisible_by=self.make_ngram_vocab_size_divisible_by, seed=self.seed,
+        )
+        return {"model_type": "qwen4_exp", "text_config": text}
+
+
+def _dense_mlp_layers(family: Family, model_type: str, text: dict, n: int) -> tuple[int, ...]:
+    if family is Family.QWEN4_EXP:
+        return ()
+    if family is Family.QWEN3_5:
+        # qwen3_5_text is the dense family; qwen3_5_moe(_text) is MoE everywhere
+        return tuple(range(n)) if model_type in ("qwen3_5", "qwen3_5_text") else ()
+    # Qwen3-Next: HF Qwen3NextDecoderLayer picks the dense MLP for mlp_only_layers, or when MoE is off
+    only = set(text.get("mlp_only_layers") or [])
+    experts = int(text.get("num_experts", 512))
+    step = int(text.get("decoder_sparse_step", 1))
+    return tuple(i for i in range(n) if i in only or not (experts > 0 and (i + 1) % step == 0))
+
+
+def _hybrid(n: int, interval: int = 4) -> tuple[str, ...]:
+    return tuple(LINEAR if (i + 1) % interval else "full_attention" for i in range(n))
+
+
+PRESETS: dict[str, GdnConfig] = {
+    # real layer shapes (reference/gdn.md §1.1, §1.12; reference/ple_hc.md §2.4)
+    "qwen3-next-80b-a3b": GdnConfig(
+        family=Family.QWEN3_NEXT, name="qwen3-next-80b-a3b", hidden_size=2048, layer_types=_hybrid(48),
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        intermediate_size=5120, eos_token_id=151_645),
+    "qwen3.5-27b": GdnConfig(
+        family=Family.QWEN3_5, name="qwen3.5-27b", hidden_size=5120, layer_types=_hybrid(64),
+        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
+        intermediate_size=17408, dense_mlp_layers=tuple(range(64)), vocab_size=248_320, eos_token_id=248_044),
+    "qwen3.5": GdnConfig(  # HF Qwen3_5TextConfig defaults
+        family=Family.QWEN3_5, name="qwen3.5", hidden_size=4096, layer_types=_hybrid(32),
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        intermediate_size=12288, dense_mlp_layers=tuple(range(32)), vocab_size=248_320, eos_token_id=248_044),
+    "qwen4-exp": GdnConfig(  # Qwen3.8-Flash-Next (model_type qwen4_exp); PLE on layer 2 (one-indexed)
+        family=Family.QWEN4_EXP, name="qwen4-exp", hidden_size=2560, layer_types=_hybrid(48),
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        output_gate_type="sigmoid", hc_count=4, hc_lowrank=320, ple_layer_ids=(2,), ple_embed_dim=2560,
+        vocab_size=248_320, eos_token_id=248_044),
+    # small test presets: K != V and G in {2, 3} so layout bugs cannot hide
+    "tiny-next": GdnConfig(
+        family=Family.QWEN3_NEXT, name="tiny-next", hidden_size=48, layer_types=_hybrid(4),
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=12,
+        intermediate_size=64, vocab_size=1000, eos_token_id=999, dtype="float32"),
+    "tiny-next-mlp": GdnConfig(
+        family=Family.QWEN3_NEXT, name="tiny-next-mlp", hidden_size=48, layer_types=_hybrid(4),
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=12,
+        intermediate_size=64, dense_mlp_layers=(1,), vocab_size=1000, eos_token_id=999, dtype="float32"),
+    "tiny-3.5": GdnConfig(
+        family=Family.QWEN3_5, name="tiny-3.5", hidden_size=40, layer_types=_hybrid(4),
+        linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=8, linear_value_head_dim=12,
+        intermediate_size=56, dense_mlp_layers=tuple(range(4)), vocab_size=1000, eos_token_id=999,
+        dtype="float32"),
+    "tiny-4exp": GdnConfig(
+        family=Family.QWEN4_EXP, name="tiny-4exp", hidden_size=32, layer_types=_hybrid(4),
+        linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=12, linear_value_head_dim=8,
+        output_gate_type="sigmoid", hc_count=4, hc_lowrank=8, ple_layer_ids=(2,), ple_embed_dim=32,
+        heads_per_ngram=2, ngram_vocab_size_base=97, make_ngram_vocab_size_divisible_by=8, vocab_size=1000,
+        eos_token_id=999, dtype="float32"),
+}
+
+DEFAULT_PRESET = "tiny-3.5"
+DEFAULT_HC_PRESET = "tiny-4exp"
+
+
+def preset(name: str) -> GdnConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None

@@ -1,0 +1,239 @@
+"""The GDN decoder layer: plain or hyper-connection residual, optional dense MLP, optional PLE, every LayerMode.
+
+One module computes every mode; a mode only decides which op variant the two recurrent parts (the causal convs and
+the gated delta rule) use and which buffers they write: pools (decode, prefill), stashes (verify) or captures
+(prefill). Everything else is per token. The recurrent parts go through the `gdn_trt` ops, so eager runs, tests
+and ONNX export share one code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..plugins.causal_conv1d import op as conv_op
+from ..plugins.causal_conv1d.io import ConvParams
+from ..plugins.gated_delta_rule import op as gdn_op
+from ..plugins.gated_delta_rule.io import GdnInputs
+from ..plugins.packing import Capture, Packing, compute_dtype
+from ..plugins.spec import Activation
+from .config import GdnConfig
+from .modes import LayerMode
+from .norms import gated_rms_norm, rms_norm_1p
+from .state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
+from .weights import LayerWeights
+
+_GATE_PARAMS = ("dt_bias", "A_log")  # kept at fp32 or wider whatever the activation dtype
+
+
+class _Part(nn.Module):
+    """Buffers of one weights dataclass, registered under the dataclass field names."""
+
+    def __init__(self, part, dtype: torch.dtype):
+        super().__init__()
+        for f in fields(part):
+            t = getattr(part, f.name)
+            if t.dtype.is_floating_point:
+                t = t.to(compute_dtype(dtype) if f.name in _GATE_PARAMS else dtype)
+            self.register_buffer(f.name, t.contiguous())
+
+
+class _Io:
+    """Routes the recurrent parts of one step to the op variant of the mode and collects what they wrote."""
+
+    def __init__(self, mode: LayerMode, pack: Packing, state: LayerState, extra: StateStash | StateCapture | None):
+        self.mode, self.pack, self.state, self.extra = mode, pack, state, extra
+        self.pools: dict[str, Tensor] = {}
+        self.outs: dict[str, Tensor] = {}
+
+    def conv(self, name: str, x: Tensor, conv: ConvParams) -> Tensor:
+        pool = getattr(self.state, name)
+        if self.mode.uses_stash:
+            y, self.outs[name] = conv_op.update_stash(x, conv, self.pack, pool, getattr(self.extra, name))
+        elif self.mode.chunked:
+            cap = Capture(self.extra.at, getattr(self.extra, name))
+            y, self.pools[name], self.outs[name] = conv_op.prefill(x, conv, self.pack, pool, cap)
+        else:
+            y, self.pools[name] = conv_op.update(x, conv, self.pack, pool)
+        return y
+
+    def gdn(self, x: GdnInputs) -> Tensor:
+        pool = self.state.ssm
+        if self.mode.uses_stash:
+            o, self.outs["ssm"] = gdn_op.recurrent_stash(x, self.pack, pool, self.extra.ssm)
+        elif self.mode.chunked:
+            o, self.pools["ssm"], self.outs["ssm"] = gdn_op.chunked(x, self.pack, pool,
+                                                                    Capture(self.extra.at, self.extra.ssm))
+        else:
+            o, self.pools["ssm"] = gdn_op.recurrent(x, self.pack, pool)
+        return o
+
+    def new_state(self) -> LayerState:
+        return LayerState(**{f.name: self.pools.get(f.name, getattr(self.state, f.name)) for f in fields(LayerState)})
+
+    def new_extra(self):
+        if isinstance(self.extra, StateCapture):
+            return StateCapture(self.extra.at, self.outs["conv"], self.outs["ssm"], self.outs.get("ple_conv"))
+        return StateStash(self.outs["conv"], self.outs["ssm"], self.outs.get("ple_conv"))
+
+
+class GdnLayer(nn.Module):
+    """One GDN decoder layer of `cfg`, from `weights`, computing in `dtype` (fp32 or fp64 on CPU, bf16 on GPU)."""
+
+    def __init__(self, cfg: GdnConfig, weights: LayerWeights, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        weights.check(cfg)
+        self.cfg, self.index, self.dtype = cfg, weights.index, dtype
+        self.mixer = _Part(weights.mixer, dtype)
+        for name in ("mlp", "attn_hc", "mlp_hc", "ple"):
+            part = getattr(weights, name)
+            setattr(self, name, _Part(part, dtype) if part is not None else None)
+        self.norms = nn.Module()
+        for name in ("input_norm", "post_norm"):
+            t = getattr(weights, name)
+            self.norms.register_buffer(name, t.to(dtype) if t is not None else None)
+
+    # ---- entry points, one per LayerMode ----
+    def decode(self, step: StepInput, state: LayerState) -> tuple[StepOutput, LayerState]:
+        """One token of one sequence."""
+        return self.run(LayerMode.DECODE, step, state)
+
+    def decode_multi_seq(self, step: StepInput, state: LayerState) -> tuple[StepOutput, LayerState]:
+        """One token for each of N sequences (slot -1 = padding)."""
+        return self.run(LayerMode.DECODE_MULTI_SEQ, step, state)
+
+    def decode_batched(self, step: StepInput, state: LayerState, stash: StateStash
+                       ) -> tuple[StepOutput, StateStash]:
+        """K tokens of one sequence, recurrent; state after each token to the stash, pool untouched."""
+        return self.run(LayerMode.DECODE_BATCHED, step, state, stash)
+
+    def verify_multi(self, step: StepInput, state: LayerState, stash: StateStash) -> tuple[StepOutput, StateStash]:
+        """0..K draft tokens for each of N sequences; state after each token to the stash, pools untouched."""
+        return self.run(LayerMode.VERIFY_MULTI, step, state, stash)
+
+    def prefill(self, step: StepInput, state: LayerState, capture: StateCapture
+                ) -> tuple[StepOutput, LayerState, StateCapture]:
+        """T tokens of one sequence, chunked; final state to the pool, the capture point to `capture`."""
+        return self.run(LayerMode.PREFILL, step, state, capture)
+
+    def prefill_varlen(self, step: StepInput, state: LayerState, capture: StateCapture
+                       ) -> tuple[StepOutput, LayerState, StateCapture]:
+        """N sequences of any lengths, chunked, each from its own slot."""
+        return self.run(LayerMode.PREFILL_VARLEN, step, state, capture)
+
+    def run(self, mode: LayerMode, step: StepInput, state: LayerState,
+            extra: StateStash | StateCapture | None = None):
+        """Any mode: returns (output, state) for decode modes, (output, stash) for verify modes and
+        (output, state, capture) for prefill modes. In eager runs the returned buffers are the given ones,
+        written in place; under export they are new tensors."""
+        self._check(mode, step, state, extra)
+        io = _Io(mode, step.pack, state, extra)
+        out = self._forward(step, io)
+        if mode.uses_stash:
+            return out, io.new_extra()
+        if mode.chunked:
+            return out, io.new_state(), io.new_extra()
+        return out, io.new_state()
+
+    def forward_sequence(self, x: Tensor, ple_rows: Tensor | None = None) -> Tensor:
+        """One whole sequence from a fresh state, HF convention: x is the hidden state entering the layer
+        (plain [T, C]; hc: the streams [T, n*C]); returns the hidden state after the layer's last residual add."""
+        spec = BufferSpec(x.dtype, x.device)
+        state = LayerState.allocate(self.cfg, self.index, 1, spec)
+        step = StepInput(x, Packing.build([x.shape[0]], [0], x.device),
+                         None if self.cfg.is_hc else torch.zeros_like(x), ple_rows)
+        out, _, _ = self.prefill(step, state, StateCapture.none(self.cfg, self.index, 1, spec))
+        return out.hidden()
+
+    # ---- computation ----
+    def _forward(self, step: StepInput, io: _Io) -> StepOutput:
+        cfg = self.cfg
+        if not cfg.is_hc:
+            residual = step.x + step.residual
+            y = self._mixer(rms_norm_1p(residual, self.norms.input_norm, cfg.rms_norm_eps), io)
+            if self.mlp is None:
+                return StepOutput(y, residual)
+            residual = residual + y
+            return StepOutput(self._mlp(rms_norm_1p(residual, self.norms.post_norm, cfg.rms_norm_eps)), residual)
+        streams = step.x
+        if self.ple is not None:
+            streams = streams + self._ple(streams, step.ple_rows, io)
+        streams = self._hc_sublayer(streams, self.attn_hc, lambda h: self._mixer(h, io))
+        if self.mlp is not None:
+            streams = self._hc_sublayer(streams, self.mlp_hc, self._mlp)
+        return StepOutput(streams)
+
+    def _mixer(self, h: Tensor, io: _Io) -> Tensor:
+        """GDN token mixer: [T, C] -> [T, C]."""
+        cfg, m = self.cfg, self.mixer
+        T, H, HV = h.shape[0], cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        qkv, z, b, a = F.linear(h, m.in_proj).split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
+        qkv = io.conv("conv", qkv, ConvParams(m.conv, 1, Activation.SILU))
+        q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
+        x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)
+        o = io.gdn(x)
+        o = gated_rms_norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
+        return F.linear(o.reshape(T, cfg.value_dim), m.out_proj)
+
+    def _mlp(self, h: Tensor) -> Tensor:
+        gate, up = F.linear(h, self.mlp.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.mlp.down)
+
+    def _hc_sublayer(self, streams: Tensor, hc: _Part, sublayer) -> Tensor:
+        """Qwen4-Exp gated residual around one sublayer (reference/ple_hc.md §3.4)."""
+        n, C = self.cfg.hc_count, self.cfg.hidden_size
+        T = streams.shape[0]
+        hn = rms_norm_1p(streams, hc.norm, self.cfg.rms_norm_eps, group=C)
+        w = torch.sigmoid(F.linear(F.silu(F.linear(hn, hc.down) / n), hc.up)).reshape(T, n, C)
+        x = (w * hn.reshape(T, n, C)).mean(dim=1)
+        inj = 2 * torch.sigmoid(F.linear(hn, hc.inject) / n)  # [T, n]
+        y = sublayer(x)
+        return streams + (inj[:, :, None] * y[:, None, :]).reshape(T, n * C)
+
+    def _ple(self, streams: Tensor, rows: Tensor, io: _Io) -> Tensor:
+        """Qwen4-Exp PLE (reference/ple_hc.md §2.4) on gathered rows [T, heads, d_h]: returns the stream delta."""
+        cfg, p = self.cfg, self.ple
+        n, C, eps = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps
+        T = streams.shape[0]
+        e = rows.reshape(T, cfg.ple_embed_dim).to(streams.dtype)
+        key = rms_norm_1p(F.linear(e, p.key_proj), p.norm_key, eps, group=C).reshape(T, n, C)
+        query = rms_norm_1p(streams, p.norm_query, eps, group=C).reshape(T, n, C)
+        gate = (key * query).sum(-1, keepdim=True) / C ** 0.5
+        gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
+        gv = (torch.sigmoid(gate) * F.linear(e, p.value_proj)[:, None, :]).reshape(T, n * C)
+        u = rms_norm_1p(gv, p.norm_conv, eps, group=C)
+        return gv + io.conv("ple_conv", u, ConvParams(p.conv, cfg.ple_dilation, Activation.SILU))
+
+    # ---- checks ----
+    def _check(self, mode: LayerMode, step: StepInput, state: LayerState, extra) -> None:
+        cfg = self.cfg
+        want_extra = StateStash if mode.uses_stash else StateCapture if mode.chunked else type(None)
+        if not isinstance(extra, want_extra):
+            raise TypeError(f"{mode.value} needs {want_extra.__name__}, got {type(extra).__name__}")
+        if step.x.dim() != 2 or step.x.shape[1] != cfg.stream_dim:
+            raise ValueError(f"x must be [T, {cfg.stream_dim}], got {tuple(step.x.shape)}")
+        if step.x.dtype != self.dtype:
+            raise ValueError(f"x is {step.x.dtype}, the layer computes in {self.dtype}")
+        if cfg.is_hc != (step.residual is None):
+            raise ValueError("plain layers take (x, residual); hc layers take the streams and no residual")
+        if step.residual is not None and step.residual.shape != step.x.shape:
+            raise ValueError(f"residual {tuple(step.residual.shape)} must match x {tuple(step.x.shape)}")
+        if (self.ple is not None) != (step.ple_rows is not None):
+            raise ValueError(f"layer {self.index} {'needs' if self.ple is not None else 'takes no'} ple_rows")
+        if step.ple_rows is not None and tuple(step.ple_rows.shape) != (step.x.shape[0], cfg.ple_heads,
+                                                                         cfg.ple_head_dim):
+            raise ValueError(f"ple_rows must be [T, {cfg.ple_heads}, {cfg.ple_head_dim}], "
+                             f"got {tuple(step.ple_rows.shape)}")
+        if (state.ple_conv is None) != (self.ple is None):
+            raise ValueError(f"layer {self.index}: ple_conv pool {'missing' if self.ple is not None else 'unexpected'}")
+        if torch.compiler.is_exporting():
+            return  # token counts are symbolic while tracing; the GraphSpec profiles bound them
+        T, N = step.x.shape[0], step.pack.num_seqs
+        if mode.single_sequence and N != 1:
+            raise ValueError(f"{mode.value} takes one sequence, got {N}")
+        if mode.one_token_per_sequence and T != N:
+            raise ValueError(f"{mode.value} takes one token per sequence: T={T}, N={N}")

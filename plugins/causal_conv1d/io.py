@@ -1,0 +1,46 @@
+"""Parameters of the causal conv ops, shared by the reference, the Triton kernels and the torch ops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ..spec import Activation
+
+
+@dataclass(frozen=True)
+class ConvParams:
+    """Depthwise causal conv: `weight [D, W]` (column W-1 multiplies the current token), `dilation`, `activation`
+    (`Activation.NONE` or `Activation.SILU`). A slot of state holds the last (W-1)*dilation pre-conv inputs."""
+
+    weight: Tensor
+    dilation: int = 1
+    activation: int = Activation.SILU
+
+    @property
+    def width(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def state_len(self) -> int:
+        return (self.width - 1) * self.dilation
+
+    def state_shape(self) -> tuple[int, int]:
+        return (self.weight.shape[0], self.state_len)
+
+    def check(self, x: Tensor, conv_pool: Tensor) -> None:
+        """Shape and dtype checks (no tensor data read)."""
+        if self.weight.dim() != 2:
+            raise ValueError(f"conv weight must be [D, W], got {tuple(self.weight.shape)}")
+        if self.dilation < 1 or self.width < 1:
+            raise ValueError(f"dilation and kernel width must be >= 1, got {self.dilation}, {self.width}")
+        if self.activation not in (Activation.NONE, Activation.SILU):
+            raise ValueError(f"activation must be {Activation.NONE} (none) or {Activation.SILU} (silu)")
+        if x.dim() != 2 or x.shape[1] != self.weight.shape[0]:
+            raise ValueError(f"x must be [T, D={self.weight.shape[0]}], got {tuple(x.shape)}")
+        if conv_pool.dim() != 3 or tuple(conv_pool.shape[1:]) != self.state_shape():
+            raise ValueError(f"conv_pool must be [S, {self.weight.shape[0]}, {self.state_len}], "
+                             f"got {tuple(conv_pool.shape)}")
+        if conv_pool.dtype != x.dtype:
+            raise ValueError(f"conv_pool ({conv_pool.dtype}) must have the activation dtype ({x.dtype})")

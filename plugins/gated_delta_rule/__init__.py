@@ -1,0 +1,1 @@
+"""Gated delta rule: reference, Triton kernels, torch op, ONNX and TensorRT forms."""

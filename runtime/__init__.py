@@ -1,0 +1,1 @@
+"""gdn-trt runtime."""
