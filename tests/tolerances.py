@@ -45,10 +45,13 @@ def tol(dtype: torch.dtype | str, output: str = "") -> Tol:
 def errors(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
     """(relative RMS error, max-abs error), computed in float64."""
     r, g = ref.detach().double().cpu(), got.detach().double().cpu()
+    if r.numel() == 0:
+        return 0.0, 0.0
     diff = g - r
-    rms_ref = r.pow(2).mean().sqrt().item()
-    rel = diff.pow(2).mean().sqrt().item() / rms_ref if rms_ref > 0 else float(diff.abs().max() > 0) * float("inf")
-    return rel, diff.abs().max().item() if diff.numel() else 0.0
+    rms_ref, rms_diff = r.pow(2).mean().sqrt().item(), diff.pow(2).mean().sqrt().item()
+    if rms_ref == 0:
+        return (0.0 if rms_diff == 0 else float("inf")), diff.abs().max().item()
+    return rms_diff / rms_ref, diff.abs().max().item()
 
 
 def assert_close(name: str, ref: torch.Tensor, got: torch.Tensor, bound: Tol) -> None:
