@@ -1,0 +1,174 @@
+"""The PLE row table on the host: a memory-mapped flat file with a bounded LRU cache of hot rows.
+
+The table (Qwen4-Exp: 320M rows x 160, ~100 GB bf16) never has to fit in RAM: rows are read from the file
+mapping on a miss (the "NVMe fault-in") and the most recently used ones are kept in a fixed-size host cache,
+since n-gram accesses are Zipfian (reference/ple_hc.md §2.6). Addresses depend only on token ids, so a step's
+rows are all known before the layer runs and are gathered here in one call.
+
+Counting (`StoreCounters`): a `gather` is atomic. Every row reference it serves is either a hit (the row was
+cached when the gather started, or it is a repeat of a row this gather already read) or a miss (the first
+reference to a row that was not cached; the row is read from the file exactly once per gather). So
+`hits + misses` = references served and `bytes_read = misses * row_bytes`. Recency: a gather first touches its
+cached rows, then inserts its new ones (evicting the least recently used), each group in the order of first
+occurrence in row-major `rows`.
+
+Not thread-safe: one stager owns a store.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ...model.checkpoint import PleTable
+
+# raw integer dtype of each element size: numpy has no bfloat16, so rows are read as bits and viewed in torch
+_RAW = {2: np.int16, 4: np.int32}
+
+
+@dataclass(frozen=True)
+class StoreCounters:
+    hits: int = 0
+    misses: int = 0
+    bytes_read: int = 0  # bytes read from the file mapping (misses * row_bytes)
+    evictions: int = 0
+    resident: int = 0  # rows in the cache now
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype) or dt.itemsize not in _RAW:
+        raise ValueError(f"unsupported PLE table dtype {name!r}; expected bfloat16, float16 or float32")
+    return dt
+
+
+class RowStore:
+    """`table` memory-mapped read-only, with an LRU cache of `capacity` rows.
+
+    Give the capacity as `cache_rows` or as `cache_bytes` (rounded down to whole rows), not both; 0 disables the
+    cache (every distinct row of a gather is read from the file).
+    """
+
+    def __init__(self, table: PleTable, cache_rows: int | None = None, cache_bytes: int | None = None):
+        if (cache_rows is None) == (cache_bytes is None):
+            raise ValueError("give the cache capacity as exactly one of cache_rows or cache_bytes")
+        self.table = table
+        self.dtype = _torch_dtype(table.dtype)
+        self.rows, self.dim = int(table.rows), int(table.dim)
+        self.row_bytes = self.dim * self.dtype.itemsize
+        cap = cache_rows if cache_rows is not None else int(cache_bytes) // self.row_bytes
+        if cap < 0:
+            raise ValueError(f"cache capacity must be >= 0, got {cap}")
+        self.capacity = int(cap)
+        path = Path(table.path)
+        size = path.stat().st_size
+        if self.rows <= 0 or self.dim <= 0 or size != self.rows * self.row_bytes:
+            raise ValueError(f"{path}: {size} bytes, expected rows x dim x itemsize = {self.rows} x {self.dim} x "
+                             f"{self.dtype.itemsize}")
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+            # rows are scattered: kernel read-ahead would pull ~128 KiB around every 320-byte row
+            self._map.madvise(mmap.MADV_RANDOM)
+        self._file_rows = np.frombuffer(self._map, dtype=_RAW[self.dtype.itemsize]).reshape(self.rows, self.dim)
+        self._cache = torch.empty((self.capacity, self.dim), dtype=self.dtype)
+        self._lru: OrderedDict[int, int] = OrderedDict()  # row -> cache slot, least recently used first
+        self._hits = self._misses = self._evictions = 0
+
+    # ---- public ----
+    def gather(self, rows: object, out: Tensor) -> Tensor:
+        """Rows of the table into `out`: rows [...] integer (e.g. [T, heads]) -> out [..., dim] (returned).
+
+        `out` is caller-owned (e.g. a pinned staging buffer): CPU, contiguous, the table's dtype, shape
+        `rows.shape + (dim,)`. Bad input raises before any counter or cache entry changes.
+        """
+        idx = self._check(rows, out)
+        if idx.size == 0:
+            return out
+        uniq, first, inverse = np.unique(idx, return_index=True, return_inverse=True)
+        slots = np.array([self._lru.get(r, -1) for r in uniq.tolist()], dtype=np.int64)
+        hit = slots >= 0
+        vals = torch.empty((uniq.size, self.dim), dtype=self.dtype)
+        if hit.any():
+            vals[torch.from_numpy(np.flatnonzero(hit))] = self._cache[torch.from_numpy(slots[hit])]
+        missed = np.flatnonzero(~hit)
+        if missed.size:
+            # np.unique sorted the rows, so the file is read in ascending offset order
+            raw = np.ascontiguousarray(self._file_rows[uniq[missed]])
+            vals[torch.from_numpy(missed)] = torch.from_numpy(raw).view(self.dtype)
+        torch.index_select(vals, 0, torch.from_numpy(inverse.reshape(-1)), out=out.view(-1, self.dim))
+        self._remember(uniq, np.argsort(first, kind="stable"), hit, vals)
+        self._hits += idx.size - missed.size
+        self._misses += missed.size
+        return out
+
+    def counters(self) -> StoreCounters:
+        return StoreCounters(self._hits, self._misses, self._misses * self.row_bytes, self._evictions,
+                             len(self._lru))
+
+    def cached_rows(self) -> list[int]:
+        """Rows in the cache, least recently used first (diagnostics and tests)."""
+        return list(self._lru)
+
+    def close(self) -> None:
+        """Release the mapping (arrays viewing it must go first, or mmap refuses to close)."""
+        self._file_rows = None
+        self._map.close()
+
+    def __enter__(self) -> "RowStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ----
+    def _remember(self, uniq: np.ndarray, order: np.ndarray, hit: np.ndarray, vals: Tensor) -> None:
+        """LRU update for one gather: its cached rows are touched, then its new rows inserted (each group in
+        first-occurrence order), so a gather's new rows never push out its own cached rows unless it brings more
+        new rows than the cache has room for. uniq, hit [U]; order [U] = first-occurrence order; vals [U, dim]."""
+        for u in order[hit[order]].tolist():
+            self._lru.move_to_end(int(uniq[u]))
+        if self.capacity == 0:
+            return
+        writes: dict[int, int] = {}  # cache slot -> index into uniq; a slot reused within the gather keeps the last
+        for u in order[~hit[order]].tolist():
+            if len(self._lru) < self.capacity:
+                slot = len(self._lru)  # slots 0..len-1 are taken: eviction always reuses the victim's slot
+            else:
+                _, slot = self._lru.popitem(last=False)
+                self._evictions += 1
+            self._lru[int(uniq[u])] = slot
+            writes[slot] = u
+        if writes:
+            s = torch.tensor(list(writes.keys()), dtype=torch.int64)
+            self._cache[s] = vals[torch.tensor(list(writes.values()), dtype=torch.int64)]
+
+    def _check(self, rows: object, out: Tensor) -> np.ndarray:
+        if isinstance(rows, Tensor):
+            if rows.device.type != "cpu":
+                raise ValueError(f"rows must be on the CPU (host-side hash), got {rows.device}")
+            rows = rows.numpy()
+        r = np.asarray(rows)
+        if r.dtype == np.bool_ or not np.issubdtype(r.dtype, np.integer):
+            raise TypeError(f"rows must be integers, got dtype {r.dtype}")
+        if not isinstance(out, Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.dtype != self.dtype:
+            raise TypeError(f"out has dtype {out.dtype}, the table holds {self.dtype}")
+        want = tuple(r.shape) + (self.dim,)
+        if tuple(out.shape) != want:
+            raise ValueError(f"out must have shape {want} (rows.shape + (dim,)), got {tuple(out.shape)}")
+        if out.device.type != "cpu" or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous CPU tensor, got device {out.device}, "
+                             f"contiguous={out.is_contiguous()}")
+        idx = r.astype(np.int64, copy=False).reshape(-1)
+        bad = (idx < 0) | (idx >= self.rows)
+        if bad.any():
+            raise IndexError(f"rows {idx[bad][:4].tolist()} out of range [0, {self.rows})")
+        return idx
