@@ -15,7 +15,7 @@ def rms_norm_1p(x: Tensor, w: Tensor, eps: float, group: int | None = None) -> T
     cd = compute_dtype(x.dtype)
     xf = x.to(cd)
     if group is not None:
-        xf = xf.reshape(*x.shape[:-1], -1, group)
+        xf = xf.reshape(*x.shape[:-1], x.shape[-1] // group, group)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     if group is not None:
         y = y.reshape(x.shape)
