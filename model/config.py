@@ -95,7 +95,8 @@ class GdnConfig:
         need(self.hidden_act == "silu", f"hidden_act must be silu (the conv activation), got {self.hidden_act}")
         n = len(self.layer_types)
         need(all(0 <= i < n for i in self.dense_mlp_layers), f"dense_mlp_layers out of range 0..{n - 1}")
-        need(not self.dense_mlp_layers or self.intermediate_size > 0, "dense MLP layers need intermediate_size > 0")
+        need(bool(self.dense_mlp_layers) == (self.intermediate_size > 0),
+             "intermediate_size is the dense MLP width: > 0 exactly when dense_mlp_layers is not empty")
         if self.hc_count > 1:
             need(self.hc_lowrank >= 1, "hc_count > 1 needs hc_lowrank >= 1")
         need(all(1 <= i <= n for i in self.ple_layer_ids), f"ple_layer_ids are one-indexed, 1..{n}")
@@ -219,6 +220,7 @@ class GdnConfig:
         eos = text.get("eos_token_id", cfg.get("eos_token_id"))
         eos = eos[0] if isinstance(eos, list) else eos
         hidden = int(text["hidden_size"])
+        dense = _dense_mlp_layers(family, model_type, text, n)
         kw: dict[str, Any] = dict(
             family=family,
             name=name,
@@ -232,8 +234,9 @@ class GdnConfig:
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
             hidden_act=text.get("hidden_act", "silu"),
             output_gate_type=text.get("output_gate_type") or text.get("hidden_act", "silu"),
-            intermediate_size=int(text.get("intermediate_size") or 0),
-            dense_mlp_layers=_dense_mlp_layers(family, model_type, text, n),
+            # only dense MLP layers use it; 0 otherwise keeps the config hash independent of unused fields
+            intermediate_size=int(text.get("intermediate_size") or 0) if dense else 0,
+            dense_mlp_layers=dense,
             vocab_size=int(text.get("vocab_size", 151_936)),
             eos_token_id=int(eos) if eos is not None else 151_645,
             dtype=str(text.get("dtype") or text.get("torch_dtype") or cfg.get("torch_dtype") or "bfloat16"),
@@ -269,8 +272,9 @@ class GdnConfig:
             "vocab_size": self.vocab_size,
             "eos_token_id": self.eos_token_id,
             "dtype": self.dtype,
-            "intermediate_size": self.intermediate_size or 4 * self.hidden_size,
         }
+        if self.intermediate_size:
+            text["intermediate_size"] = self.intermediate_size
         if self.family is Family.QWEN3_NEXT:
             # dense MLP layers are HF's mlp_only_layers; the rest are MoE
             text.update(model_type="qwen3_next", mlp_only_layers=list(self.dense_mlp_layers),
@@ -313,7 +317,7 @@ PRESETS: dict[str, GdnConfig] = {
     "qwen3-next-80b-a3b": GdnConfig(
         family=Family.QWEN3_NEXT, name="qwen3-next-80b-a3b", hidden_size=2048, layer_types=_hybrid(48),
         linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
-        intermediate_size=5120, eos_token_id=151_645),
+        eos_token_id=151_645),
     "qwen3.5-27b": GdnConfig(
         family=Family.QWEN3_5, name="qwen3.5-27b", hidden_size=5120, layer_types=_hybrid(64),
         linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
@@ -331,7 +335,7 @@ PRESETS: dict[str, GdnConfig] = {
     "tiny-next": GdnConfig(
         family=Family.QWEN3_NEXT, name="tiny-next", hidden_size=48, layer_types=_hybrid(4),
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=12,
-        intermediate_size=64, vocab_size=1000, eos_token_id=999, dtype="float32"),
+        vocab_size=1000, eos_token_id=999, dtype="float32"),
     "tiny-next-mlp": GdnConfig(
         family=Family.QWEN3_NEXT, name="tiny-next-mlp", hidden_size=48, layer_types=_hybrid(4),
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=12,

@@ -237,3 +237,34 @@ class GdnLayer(nn.Module):
             raise ValueError(f"{mode.value} takes one sequence, got {N}")
         if mode.one_token_per_sequence and T != N:
             raise ValueError(f"{mode.value} takes one token per sequence: T={T}, N={N}")
+        self._check_buffers(step, state, extra)
+
+    def _check_buffers(self, step: StepInput, state: LayerState, extra) -> None:
+        """Every buffer and the packing are checked before anything runs, so a rejected step writes nothing."""
+        cfg, T, N = self.cfg, step.x.shape[0], step.pack.num_seqs
+        S = state.ssm.shape[0]
+        shapes = {"conv": cfg.conv_state_shape, "ssm": cfg.ssm_state_shape, "ple_conv": cfg.ple_conv_state_shape}
+        want_dtype = {"conv": self.dtype, "ssm": compute_dtype(self.dtype), "ple_conv": self.dtype}
+        rows = {"stash": T, "capture": N}
+        for kind, buffers in (("pool", state), ("stash", extra if isinstance(extra, StateStash) else None),
+                              ("capture", extra if isinstance(extra, StateCapture) else None)):
+            if buffers is None:
+                continue
+            for name, shape in shapes.items():
+                t = getattr(buffers, name)
+                if t is None:
+                    continue
+                lead = S if kind == "pool" else rows[kind]
+                if tuple(t.shape) != (lead, *shape) or t.dtype != want_dtype[name]:
+                    raise ValueError(f"{name} {kind} must be {want_dtype[name]} {(lead, *shape)}, "
+                                     f"got {t.dtype} {tuple(t.shape)}")
+        if isinstance(extra, StateCapture) and (extra.ple_conv is None) != (self.ple is None):
+            raise ValueError("ple_conv capture buffer must be given exactly on PLE layers")
+        if isinstance(extra, StateStash) and (extra.ple_conv is None) != (self.ple is None):
+            raise ValueError("ple_conv stash buffer must be given exactly on PLE layers")
+        step.pack.check_shapes(T)
+        if step.pack.cu_seqlens.device.type == "cpu":  # value checks would force a host sync on a GPU
+            step.pack.check_values(T, S)
+            if isinstance(extra, StateCapture):
+                Capture(extra.at, extra.ssm).check(N, cfg.ssm_state_shape)
+                Capture(extra.at, extra.ssm).check_values(step.pack.lengths())
