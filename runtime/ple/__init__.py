@@ -1,1 +1,11 @@
-"""gdn-trt runtime/ple."""
+"""PLE (Qwen4-Exp hashed n-gram memory), host side: id hashing, the memory-mapped row store, the per-step prestage.
+
+reference/ple_hc.md §2.4-2.7 and §5; DESIGN §6. The device side (the PLE sublayer consuming `ple_rows
+[T, heads, d_h]`) is in `model/layer.py`.
+"""
+
+from .hashing import NgramHasher
+from .prestage import Prestage, PrestageCounters
+from .store import RowStore, StoreCounters
+
+__all__ = ["NgramHasher", "Prestage", "PrestageCounters", "RowStore", "StoreCounters"]

@@ -28,7 +28,7 @@ from ...model.ngram import NgramTable
 IdArray = np.ndarray  # int64
 
 
-def _as_ids(x: object, name: str) -> np.ndarray:
+def as_ids(x: object, name: str) -> np.ndarray:
     """Any integer array-like (list, numpy, CPU torch tensor) -> int64 numpy, refusing floats and bools."""
     if hasattr(x, "detach"):  # torch tensor: no torch import needed for the check
         x = x.detach().cpu().numpy()
@@ -92,10 +92,10 @@ class NgramHasher:
 
     def hash_sequence(self, ids: object, carry: object = None) -> tuple[IdArray, IdArray]:
         """One sequence: ids [T], carry [context] or None (fresh) -> (rows [T, heads], new carry [context])."""
-        ids = _as_ids(ids, "ids")
+        ids = as_ids(ids, "ids")
         if ids.ndim != 1:
             raise ValueError(f"ids must be 1-D [T], got shape {ids.shape}")
-        carries = self.initial_carry() if carry is None else _as_ids(carry, "carry").reshape(1, -1)
+        carries = self.initial_carry() if carry is None else as_ids(carry, "carry").reshape(1, -1)
         rows, new = self.hash_packed(ids, np.array([0, ids.size]), carries)
         return rows, new[0]
 
@@ -135,7 +135,7 @@ class NgramHasher:
         return rows, new_carries
 
     def _check(self, ids: object, cu_seqlens: object, carries: object) -> tuple[IdArray, IdArray, IdArray]:
-        ids, cu, carries = _as_ids(ids, "ids"), _as_ids(cu_seqlens, "cu_seqlens"), _as_ids(carries, "carries")
+        ids, cu, carries = as_ids(ids, "ids"), as_ids(cu_seqlens, "cu_seqlens"), as_ids(carries, "carries")
         if ids.ndim != 1:
             raise ValueError(f"ids must be 1-D [T], got shape {ids.shape}")
         if cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or cu[-1] != ids.size or np.any(np.diff(cu) < 0):

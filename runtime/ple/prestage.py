@@ -1,0 +1,178 @@
+"""Per-step PLE prestage: hash a step's token ids, gather their rows on the host, upload them into a fixed device buffer.
+
+One `Prestage` per PLE layer. Per step (reference/ple_hc.md §2.7, "hoisted input"):
+    ids -> hash (with each sequence's host-owned id carry) -> gather rows (LRU cache / file fault-in) into a host
+    staging buffer (pinned when the device is CUDA) -> one non-blocking copy into `ple_rows [max_tokens, heads, d_h]`
+    on the device -> id carries advanced.
+`ple_rows` is allocated once and never moves, so an engine or a captured CUDA graph can bind its address; the
+rows of a step occupy `ple_rows[:T]` in the packed token order of the step's sequences.
+
+Ordering rules (why the events): the copy is asynchronous, so the staging buffer must not be rewritten before the
+previous copy has read it (a CUDA event recorded after each copy is waited on before the next gather), and
+`ple_rows` must not be rewritten while a graph replay may still read it (`rearm(consumed=event)` makes the next
+upload wait on the replay's event on the device, without a host sync). On the CPU both are trivially satisfied.
+
+Carries are per sequence key and change only when a stage succeeds, so a failed stage leaves them as they were
+and the runtime can snapshot (`get_carry`) and restore (`set_carry`) them with the rest of a sequence's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ...model.checkpoint import PleTable
+from ...model.config import GdnConfig
+from .hashing import NgramHasher, as_ids
+from .store import RowStore
+
+
+@dataclass(frozen=True)
+class PrestageCounters:
+    hits: int = 0  # row references served from the host cache (see store.py for the exact rule)
+    misses: int = 0  # rows faulted in from the table file
+    bytes_read: int = 0
+    evictions: int = 0
+    resident: int = 0
+    uploads: int = 0  # host-to-device copies (one per non-empty stage)
+    tokens: int = 0  # tokens staged
+    bytes_uploaded: int = 0
+
+
+class Prestage:
+    """Host half of one PLE layer: id carries, hashing, row cache, staging and the fixed device buffer.
+
+    `max_tokens`: the most tokens one step may stage (the device buffer's first dimension).
+    `cache_rows`: capacity of the host row cache, in rows.
+    """
+
+    def __init__(self, cfg: GdnConfig, layer_idx: int, table: PleTable, max_tokens: int,
+                 device: str | torch.device, cache_rows: int):
+        self.hasher = NgramHasher.for_layer(cfg, layer_idx)
+        t = self.hasher.table
+        if (table.rows, table.dim) != (t.rows, t.dim):
+            raise ValueError(f"layer {layer_idx}: PLE table is {table.rows}x{table.dim}, the config needs "
+                             f"{t.rows}x{t.dim}")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.layer_idx, self.max_tokens = layer_idx, int(max_tokens)
+        self.device = torch.device(device)
+        self.store = RowStore(table, cache_rows=cache_rows)
+        shape = (self.max_tokens, self.hasher.heads, t.dim)
+        # pinned staging lets the copy run truly asynchronously; pinning needs CUDA, and CPU targets gain nothing
+        self.staging = torch.empty(shape, dtype=self.store.dtype, pin_memory=self.device.type == "cuda")
+        self.ple_rows = torch.zeros(shape, dtype=self.store.dtype, device=self.device)
+        self._copy_done: torch.cuda.Event | None = None  # recorded after the last upload (CUDA only)
+        self._consumed: torch.cuda.Event | None = None  # the next upload waits on it (set by rearm)
+        self._carries: dict[Hashable, np.ndarray] = {}
+        self._uploads = self._tokens = 0
+
+    # ---- id carries ----
+    def add_carry(self, key: Hashable, carry: object = None) -> None:
+        """Start tracking a sequence; a fresh carry is all EOS (HF's initial id context)."""
+        if key in self._carries:
+            raise KeyError(f"sequence {key!r} already has a PLE id carry")
+        self._carries[key] = self.hasher.initial_carry()[0] if carry is None else self._checked_carry(carry)
+
+    def drop_carry(self, key: Hashable) -> None:
+        self._known(key)
+        del self._carries[key]
+
+    def get_carry(self, key: Hashable) -> np.ndarray:
+        """A copy of the sequence's id carry [ngram_size - 1] int64 (the last ids it was staged with)."""
+        return self._known(key).copy()
+
+    def set_carry(self, key: Hashable, carry: object) -> None:
+        self._known(key)
+        self._carries[key] = self._checked_carry(carry)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._carries
+
+    # ---- the step ----
+    def stage(self, seqs: Sequence[tuple[Hashable, object]], stream: torch.cuda.Stream | None = None) -> Tensor:
+        """Rows for a step: seqs = [(key, token_ids [T_k]), ...] -> view `ple_rows[:T]` [T, heads, d_h], T = sum T_k.
+
+        The copy is enqueued on `stream` (default: the current stream of the device), so work queued after it on
+        that stream sees the rows. The returned view aliases the fixed buffer: the next stage overwrites it.
+        Bad input (unknown or repeated key, too many tokens, ids outside the vocabulary) raises and changes nothing.
+        """
+        keys = [k for k, _ in seqs]
+        for k in keys:
+            self._known(k)
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"a sequence appears twice in one step: {keys}")
+        ids = [as_ids(x, f"token ids of {k!r}") for k, x in seqs]
+        for k, x in zip(keys, ids):
+            if x.ndim != 1:
+                raise ValueError(f"token ids of {k!r} must be 1-D, got shape {x.shape}")
+        lens = [x.size for x in ids]
+        T = sum(lens)
+        if T > self.max_tokens:
+            raise ValueError(f"step has {T} tokens, more than max_tokens={self.max_tokens}")
+        carries = np.stack([self._carries[k] for k in keys]) if keys else self.hasher.initial_carry(0)
+        cu = np.concatenate([[0], np.cumsum(lens, dtype=np.int64)])
+        flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+        rows, new_carries = self.hasher.hash_packed(flat, cu, carries)  # validates the ids; pure
+        if T:
+            self._wait_staging()
+            self.store.gather(rows, self.staging[:T])
+            self._upload(T, stream)
+        for k, c in zip(keys, new_carries):
+            self._carries[k] = c
+        self._tokens += T
+        return self.ple_rows[:T]
+
+    def rearm(self, consumed: torch.cuda.Event | None = None) -> None:
+        """Make the buffers reusable after a step consumed them (e.g. a CUDA-graph replay that read `ple_rows`).
+
+        Waits (host) until the last upload has finished reading the staging buffer. `consumed`, an event recorded on
+        the consumer's stream after it read `ple_rows`, makes the next upload wait for it on the device, so the
+        upload cannot overwrite rows a replay on another stream is still reading. On the CPU nothing is pending.
+        """
+        self._wait_staging()
+        self._consumed = consumed
+
+    def counters(self) -> PrestageCounters:
+        s = self.store.counters()
+        token_bytes = self.hasher.heads * self.store.row_bytes  # every staged token is uploaded exactly once
+        return PrestageCounters(s.hits, s.misses, s.bytes_read, s.evictions, s.resident, self._uploads,
+                                self._tokens, self._tokens * token_bytes)
+
+    # ---- internals ----
+    def _upload(self, T: int, stream: torch.cuda.Stream | None) -> None:
+        if self.device.type != "cuda":
+            self.ple_rows[:T].copy_(self.staging[:T])
+        else:
+            stream = stream or torch.cuda.current_stream(self.device)
+            with torch.cuda.stream(stream):
+                if self._consumed is not None:
+                    stream.wait_event(self._consumed)
+                self.ple_rows[:T].copy_(self.staging[:T], non_blocking=True)
+                self._copy_done = torch.cuda.Event()
+                self._copy_done.record(stream)
+        self._consumed = None
+        self._uploads += 1
+
+    def _wait_staging(self) -> None:
+        if self._copy_done is not None:
+            self._copy_done.synchronize()
+            self._copy_done = None
+
+    def _known(self, key: Hashable) -> np.ndarray:
+        try:
+            return self._carries[key]
+        except KeyError:
+            raise KeyError(f"sequence {key!r} has no PLE id carry (add_carry first, or it was dropped)") from None
+
+    def _checked_carry(self, carry: object) -> np.ndarray:
+        c = as_ids(carry, "carry").copy()
+        if c.shape != (self.hasher.context,):
+            raise ValueError(f"carry must be [{self.hasher.context}], got shape {c.shape}")
+        if np.any((c < 0) | (c >= self.hasher.vocab_size)):
+            raise ValueError(f"carry {c.tolist()} outside the vocabulary [0, {self.hasher.vocab_size})")
+        return c
