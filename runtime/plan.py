@@ -1,0 +1,248 @@
+"""Memory planner: the bytes every runtime buffer takes for the requested limits, and the `gdn-trt plan` command.
+
+Everything a `Session` allocates is sized here from `GdnConfig` and `RuntimeLimits`: state pools, verify stashes,
+prefill capture buffers, CUDA-graph buckets (static I/O plus the activations their private pools keep), PLE staging
+and the host row cache. `Session.open` builds this plan first and refuses to start, naming the limit to lower,
+when it does not fit the device; `gdn-trt plan` prints the same table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from ..model.config import GdnConfig, preset
+
+GiB = 1 << 30
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+
+@dataclass(frozen=True)
+class RuntimeLimits:
+    """What a session must hold at once.
+
+    Args:
+        max_seqs: live sequences (pool slots per layer); also the largest decode batch.
+        max_prefill_tokens: tokens of one prefill step, all sequences together.
+        max_draft: draft tokens per sequence in one verify step.
+        graph_buckets: decode batch sizes captured as CUDA graphs; () = powers of two up to max_seqs, and max_seqs.
+        ple_cache_rows: rows of the PLE host cache (hot n-gram rows kept in RAM), per PLE layer.
+    """
+
+    max_seqs: int = 64
+    max_prefill_tokens: int = 4096
+    max_draft: int = 4
+    graph_buckets: tuple[int, ...] = ()
+    ple_cache_rows: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_seqs", "max_prefill_tokens", "max_draft", "ple_cache_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RuntimeLimits.{name} must be >= 1, got {getattr(self, name)}")
+        bad = [b for b in self.graph_buckets if not 1 <= b <= self.max_seqs]
+        if bad:
+            raise ValueError(f"graph buckets {bad} outside 1..max_seqs={self.max_seqs}")
+
+    @property
+    def max_verify_tokens(self) -> int:
+        return self.max_seqs * self.max_draft
+
+    @property
+    def max_step_tokens(self) -> int:
+        """Tokens of the largest step of any kind (sizes PLE staging)."""
+        return max(self.max_prefill_tokens, self.max_verify_tokens, self.max_seqs)
+
+    def buckets(self) -> tuple[int, ...]:
+        if self.graph_buckets:
+            return tuple(sorted(set(self.graph_buckets)))
+        out, b = [], 1
+        while b < self.max_seqs:
+            out.append(b)
+            b *= 2
+        return tuple(out + [self.max_seqs])
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    item: str
+    device: int
+    host: int
+    limit: str  # the limit that scales this row ("" = fixed by the model)
+
+
+@dataclass
+class Budget:
+    """The plan: one row per buffer family, totals, and the check against the memory available."""
+
+    cfg: GdnConfig
+    limits: RuntimeLimits
+    rows: list[BudgetRow] = field(default_factory=list)
+
+    @property
+    def device_total(self) -> int:
+        return sum(r.device for r in self.rows)
+
+    @property
+    def host_total(self) -> int:
+        return sum(r.host for r in self.rows)
+
+    def check(self, available: int, where: str) -> None:
+        """Raise `BudgetError` naming the limit to lower when the device part does not fit `available` bytes."""
+        if self.device_total <= available:
+            return
+        scaled = [r for r in self.rows if r.limit]
+        worst = max(scaled, key=lambda r: r.device) if scaled else max(self.rows, key=lambda r: r.device)
+        raise BudgetError(
+            f"the runtime needs {_fmt(self.device_total)} on {where} but {_fmt(available)} is available; the "
+            f"largest part is {worst.item} ({_fmt(worst.device)}): lower {worst.limit or 'the model size'} "
+            f"(limits: {self.limits})")
+
+    def table(self) -> str:
+        w = max(len(r.item) for r in self.rows)
+        lines = [f"memory plan for {self.cfg.name} ({len(self.cfg.gdn_layer_ids)} GDN layers, hash "
+                 f"{self.cfg.config_hash()})",
+                 f"{'item':<{w}}  {'device':>10}  {'host':>10}  limit"]
+        lines += [f"{r.item:<{w}}  {_fmt(r.device):>10}  {_fmt(r.host):>10}  {r.limit or '-'}" for r in self.rows]
+        lines.append(f"{'total':<{w}}  {_fmt(self.device_total):>10}  {_fmt(self.host_total):>10}")
+        return "\n".join(lines)
+
+
+class BudgetError(RuntimeError):
+    """The requested limits do not fit the device; the message names the limit to lower."""
+
+
+def slot_bytes(cfg: GdnConfig, act_dtype: str) -> int:
+    """Bytes of one sequence's state over all GDN layers: conv + fp32 ssm (+ PLE conv carry)."""
+    a = _ITEMSIZE[act_dtype]
+    total = 0
+    for i in cfg.gdn_layer_ids:
+        total += _prod(cfg.conv_state_shape) * a + _prod(cfg.ssm_state_shape) * max(4, a)
+        if cfg.has_ple(i):
+            total += _prod(cfg.ple_conv_state_shape) * a
+    return total
+
+
+def token_activation_bytes(cfg: GdnConfig, act_dtype: str) -> int:
+    """Peak activation bytes per token of one layer step (an upper estimate: every intermediate of the mixer,
+    MLP and hc/PLE parts alive at once, fp32 where the ops compute in fp32)."""
+    a = _ITEMSIZE[act_dtype]
+    acts = 4 * cfg.stream_dim + cfg.in_proj_dim + 2 * cfg.conv_dim + 3 * cfg.value_dim + 3 * cfg.intermediate_size
+    fp32 = 2 * cfg.key_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads
+    if cfg.ple_layer_ids:
+        acts += 4 * cfg.stream_dim + 2 * cfg.ple_embed_dim
+    return acts * a + fp32 * 4
+
+
+def weight_bytes(cfg: GdnConfig, act_dtype: str) -> int:
+    """Parameter bytes of the GDN layers (gate parameters A_log / dt_bias in fp32)."""
+    a, C, HV, nC = _ITEMSIZE[act_dtype], cfg.hidden_size, cfg.linear_num_value_heads, cfg.stream_dim
+    total = 0
+    for i in cfg.gdn_layer_ids:
+        n = cfg.in_proj_dim * C + cfg.conv_dim * cfg.linear_conv_kernel_dim + cfg.linear_value_head_dim
+        n += C * cfg.value_dim
+        n += 0 if cfg.is_hc else C * (2 if cfg.has_mlp(i) else 1)
+        if cfg.has_mlp(i):
+            n += 3 * C * cfg.intermediate_size
+        hc = nC + 2 * cfg.hc_lowrank * nC + cfg.hc_count * nC
+        n += (hc * (2 if cfg.has_mlp(i) else 1)) if cfg.is_hc else 0
+        if cfg.has_ple(i):
+            n += (nC + C) * cfg.ple_embed_dim + 3 * nC + nC * cfg.ple_conv_kernel_size
+        total += n * a + 2 * HV * 4
+    return total
+
+
+def plan(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool) -> Budget:
+    """The memory plan of a session over `cfg`'s GDN layers at `limits`, activations in `act_dtype`."""
+    a, per_slot, per_tok = _ITEMSIZE[act_dtype], slot_bytes(cfg, act_dtype), token_activation_bytes(cfg, act_dtype)
+    b = Budget(cfg, limits)
+    b.rows.append(BudgetRow("weights", weight_bytes(cfg, act_dtype), 0, ""))
+    b.rows.append(BudgetRow(f"state pools ({limits.max_seqs} slots)", limits.max_seqs * per_slot, 0, "max_seqs"))
+    b.rows.append(BudgetRow(f"verify stash ({limits.max_verify_tokens} tokens)", limits.max_verify_tokens * per_slot,
+                            0, "max_draft (x max_seqs)"))
+    b.rows.append(BudgetRow(f"prefill capture ({limits.max_seqs} rows)", limits.max_seqs * per_slot, 0, "max_seqs"))
+    b.rows.append(BudgetRow(f"prefill activations ({limits.max_prefill_tokens} tokens)",
+                            limits.max_prefill_tokens * per_tok, 0, "max_prefill_tokens"))
+    if graphs:
+        toks = sum(limits.buckets())
+        io = toks * (cfg.stream_dim * 3 + cfg.hidden_size) * a + toks * 8
+        b.rows.append(BudgetRow(f"decode graphs (buckets {list(limits.buckets())})", io + toks * per_tok, 0,
+                                "graph_buckets (or max_seqs)"))
+    ple = [i for i in cfg.gdn_layer_ids if cfg.has_ple(i)]
+    if ple:
+        row = cfg.ple_embed_dim * a
+        staging = len(ple) * limits.max_step_tokens * row
+        b.rows.append(BudgetRow(f"PLE staging ({len(ple)} layers x {limits.max_step_tokens} tokens)", staging,
+                                staging, "max_prefill_tokens"))
+        b.rows.append(BudgetRow(f"PLE host row cache ({limits.ple_cache_rows} rows/layer)", 0,
+                                len(ple) * limits.ple_cache_rows * cfg.ple_head_dim * a, "ple_cache_rows"))
+    return b
+
+
+def available_memory(device: torch.device) -> int:
+    """Free bytes on `device`: CUDA's free memory, or the host's available RAM for the CPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB', '512MiB', '1.5e9' -> bytes."""
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": GiB, "tib": 1 << 40, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9}
+    t = text.strip().lower()
+    for u, m in units.items():
+        if t.endswith(u):
+            return int(float(t[: -len(u)]) * m)
+    return int(float(t))
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _fmt(n: int) -> str:
+    for unit, m in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m:
+            return f"{n / m:.2f} {unit}"
+    return f"{n} B"
+
+
+# ---- the `gdn-trt plan` command ----
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="print the runtime memory budget for a model and limits")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", help="a GdnConfig preset name (e.g. qwen3-next-80b-a3b)")
+    src.add_argument("--checkpoint", help="an HF checkpoint directory (only config.json is read)")
+    p.add_argument("--max-seqs", type=int, default=RuntimeLimits.max_seqs)
+    p.add_argument("--max-prefill-tokens", type=int, default=RuntimeLimits.max_prefill_tokens)
+    p.add_argument("--max-draft", type=int, default=RuntimeLimits.max_draft)
+    p.add_argument("--ple-cache-rows", type=int, default=RuntimeLimits.ple_cache_rows)
+    p.add_argument("--dtype", default=None, help="activation dtype (default: the config's)")
+    p.add_argument("--no-graphs", action="store_true", help="plan without CUDA-graph buckets")
+    p.add_argument("--device-memory", default=None,
+                   help="budget to check against, e.g. 80GiB (exit 1 naming the limit to lower if it does not fit)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.preset:
+        cfg = preset(args.preset)
+    else:
+        cfg = GdnConfig.from_hf(os.path.join(args.checkpoint, "config.json"), name=os.path.basename(args.checkpoint))
+    limits = RuntimeLimits(args.max_seqs, args.max_prefill_tokens, args.max_draft, (), args.ple_cache_rows)
+    budget = plan(cfg, limits, args.dtype or cfg.dtype, graphs=not args.no_graphs)
+    print(budget.table())
+    if args.device_memory:
+        try:
+            budget.check(parse_bytes(args.device_memory), f"a {args.device_memory} device")
+        except BudgetError as e:
+            print(f"does not fit: {e}")
+            return 1
+        print(f"fits in {args.device_memory}")
+    return 0
