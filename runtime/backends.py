@@ -1,0 +1,126 @@
+"""Engines: one interface over the PyTorch layer modes (`TorchEngine`) and TensorRT plans (`TrtEngine`).
+
+An engine runs one GDN layer in one `LayerMode` on the packed layout: `run(call, stream)` takes the step's
+activations, the layer's pools and the stash or capture buffers (`LayerCall`), writes the buffers in place and
+returns the activations (`StepOutput`). The runtime owns every buffer; engines own none.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ..model.layer import GdnLayer
+from ..model.modes import LayerMode
+from ..model.state import LayerState, StateCapture, StateStash, StepInput, StepOutput
+
+log = logging.getLogger("gdn_trt.runtime")
+
+
+@dataclass
+class LayerCall:
+    """One layer, one step: `extra` is the stash (verify modes), the capture (prefill modes) or None (decode)."""
+
+    mode: LayerMode
+    step: StepInput
+    state: LayerState
+    extra: StateStash | StateCapture | None = None
+
+
+class Engine(abc.ABC):
+    """One GDN layer's executable form. `name` says which backend it is (logged with every choice)."""
+
+    name: str
+    layer_idx: int
+    device: torch.device
+
+    @abc.abstractmethod
+    def modes(self) -> tuple[LayerMode, ...]:
+        """The modes this engine can run."""
+
+    @abc.abstractmethod
+    def refuse(self, mode: LayerMode, seqs: int, tokens: int) -> str | None:
+        """None when a step of `seqs` sequences and `tokens` tokens in `mode` is covered, else the reason."""
+
+    @abc.abstractmethod
+    def run(self, call: LayerCall, stream: torch.cuda.Stream | None) -> StepOutput:
+        """Enqueue the step on `stream` (None on the CPU); buffers are written in place."""
+
+    def capture_veto(self, mode: LayerMode) -> str | None:
+        """Why a step of this engine in `mode` cannot be captured in a CUDA graph (None = it can)."""
+        if self.device.type != "cuda":
+            return f"{self.name} runs on {self.device.type}: CUDA graphs need a CUDA device"
+        if mode.chunked:
+            return "prefill token counts change every step: no static shape to capture"
+        if mode.uses_stash:
+            return "verify draft counts (0..K per sequence) change every step: no static shape to capture"
+        return None
+
+
+class TorchEngine(Engine):
+    """The PyTorch layer (`GdnLayer.run`) on the CPU (reference ops) or CUDA (Triton kernels)."""
+
+    def __init__(self, layer: GdnLayer, device: torch.device):
+        self.layer, self.layer_idx, self.device = layer, layer.index, torch.device(device)
+        self.name = f"torch-{self.device.type}"
+
+    def modes(self) -> tuple[LayerMode, ...]:
+        return tuple(LayerMode)
+
+    def refuse(self, mode: LayerMode, seqs: int, tokens: int) -> str | None:
+        if mode.single_sequence and seqs != 1:
+            return f"{mode.value} takes one sequence, the step has {seqs}"
+        if mode.one_token_per_sequence and tokens != seqs:
+            return f"{mode.value} takes one token per sequence ({tokens} tokens, {seqs} sequences)"
+        return None
+
+    def run(self, call: LayerCall, stream: torch.cuda.Stream | None) -> StepOutput:
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx, torch.no_grad():
+            return self.layer.run(call.mode, call.step, call.state, call.extra)[0]
+
+
+BACKENDS = ("auto", "torch", "trt")
+
+
+def trt_unavailable(device: torch.device, engines_dir: str | None) -> str | None:
+    """Why TensorRT engines cannot serve this session (None = they can)."""
+    if device.type != "cuda":
+        return f"TensorRT needs a CUDA device, the session runs on {device.type}"
+    if engines_dir is None:
+        return "no engines_dir given"
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError as e:
+        return f"tensorrt does not import ({e}); install it with pip install 'gdn-trt[trt]'"
+    return None
+
+
+def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None, device: torch.device
+                  ) -> list[list[Engine]]:
+    """Per layer, the candidate engines in preference order. 'torch': the PyTorch modes; 'trt': the plans of
+    `engines_dir` only (an error when TensorRT cannot serve); 'auto': the plans when TensorRT can serve, with the
+    PyTorch modes behind them for what the plans' profiles do not cover (each such choice is logged)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    torch_engines: list[list[Engine]] = [[TorchEngine(layer, device)] for layer in layers]
+    if backend == "torch":
+        return torch_engines
+    why = trt_unavailable(device, engines_dir)
+    if why is not None:
+        if backend == "trt":
+            raise RuntimeError(f"backend='trt' cannot run: {why}")
+        log.info("backend auto -> torch-%s: %s", device.type, why)
+        return torch_engines
+    from .trt import load_trt_engines  # imports tensorrt
+
+    trt_engines = load_trt_engines(layers[0].cfg, [layer.index for layer in layers], engines_dir, device)
+    if backend == "trt":
+        return [[e] for e in trt_engines]
+    log.info("backend auto -> trt from %s (torch-%s behind it for steps the profiles do not cover)",
+             engines_dir, device.type)
+    return [[t, *te] for t, te in zip(trt_engines, torch_engines)]

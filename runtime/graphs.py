@@ -1,0 +1,191 @@
+"""CUDA-graph cache for decode steps: one entry per (engines, mode, bucket), captured piecewise around vetoed layers.
+
+An entry owns fixed input buffers for `bucket` sequences (x, residual, slots, cu_seqlens): a step of N <= bucket
+sequences is copied in, rows N.. are zeroed and their slots set to -1 (the ops skip them: padding never writes a
+pool row). The stack is cut into segments of consecutive layers: a segment whose layers have no capture veto is
+captured once (after a warm-up, with every slot -1, so neither warm-up nor capture writes state) and replayed; a
+vetoed segment runs eagerly on the same padded buffers. PLE rows are read from each prestage's fixed device buffer:
+hoisted (staged for every PLE layer before the first replay) or staged when the vetoed PLE layer is reached.
+
+Acceptance gate: the first step of an entry is run both ways on the same inputs, the replay first, then the pool
+rows it wrote are put back and the stack runs eagerly; the bucket is used only when outputs and every written
+state row agree bit for bit. Otherwise the eager result stands, the bucket runs eagerly from then on, and the
+log says why (a bucket that silently computes garbage is the failure this prevents).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..model.modes import LayerMode
+from ..plugins.packing import Packing
+from .backends import Engine
+from .pleio import PleFeeds, StepRows
+from .select import Group, Selector
+from .stack import Packed, Stack, StepContext
+from .stats import GraphStats
+
+log = logging.getLogger("gdn_trt.runtime")
+
+
+@dataclass
+class _Segment:
+    engines: tuple[Engine, ...]
+    captured: bool
+    inp: Packed  # fixed inputs of the segment
+    out: Packed | None = None  # graph: the outputs captured; eager: filled by each run
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+@dataclass
+class _Entry:
+    mode: LayerMode
+    bucket: int
+    x: Tensor  # [B, stream_dim]
+    residual: Tensor | None  # [B, C] (plain)
+    slots: Tensor  # [B] int32, -1 past the step's sequences
+    pack: Packing
+    segments: list[_Segment] = field(default_factory=list)
+    gated: bool = False
+
+
+class GraphCache:
+    """Captured decode steps of one session's stack."""
+
+    def __init__(self, stack: Stack, selector: Selector, stats: GraphStats, feeds: PleFeeds | None):
+        self.stack, self.selector, self.stats, self.feeds = stack, selector, stats, feeds
+        self._entries: dict[tuple, _Entry] = {}
+
+    def run(self, g: Group, packed: Packed, ctx: StepContext, rows: StepRows) -> Tensor:
+        """Run decode group `g` (bucket set, at least one layer captured); returns the hidden state `[N, ...]`."""
+        key = (tuple(id(e) for e in g.engines), g.mode, g.bucket, g.vetoes)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = self._build(g)
+        n = packed.x.shape[0]
+        self._fill(entry, packed, n)
+        ectx = StepContext(lambda i: self._padded_rows(rows, i, n, entry.bucket), None, ctx.stream)
+        if self.selector.policy.ple_hoisted and self.feeds is not None:
+            for i in self.feeds.stages:
+                ectx.rows(i)  # hoisted: every PLE layer's rows are in their fixed buffers before the replay
+        if entry.gated:
+            return self._replay(entry, ectx)[:n].clone()
+        return self._gate(key, entry, ectx, packed.pack.slots[:n])
+
+    # ---- building ----
+    def _build(self, g: Group) -> _Entry:
+        B, cfg, dev = g.bucket, self.stack.cfg, self.stack.pool.device
+        x = torch.zeros((B, cfg.stream_dim), dtype=self.stack.pool.spec.act_dtype, device=dev)
+        residual = None if cfg.is_hc else torch.zeros((B, cfg.hidden_size), dtype=x.dtype, device=dev)
+        slots = torch.full((B,), -1, dtype=torch.int32, device=dev)
+        cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
+        entry = _Entry(g.mode, B, x, residual, slots, Packing(cu, slots))
+        inp = Packed(x, residual, entry.pack)
+        mempool = torch.cuda.graph_pool_handle()
+        k = 0
+        while k < len(g.engines):
+            captured = g.vetoes[k] is None
+            end = k
+            while end < len(g.engines) and (g.vetoes[end] is None) == captured:
+                end += 1
+            seg = _Segment(g.engines[k:end], captured, inp)
+            if captured:
+                self._capture(entry, seg, mempool)
+                inp = seg.out
+            else:
+                inp = Packed(torch.zeros_like(x), None if residual is None else torch.zeros_like(residual),
+                             entry.pack)
+            entry.segments.append(seg)
+            k = end
+        return entry
+
+    def _capture(self, entry: _Entry, seg: _Segment, mempool: tuple) -> None:
+        """Warm up and capture one segment with every slot -1 (nothing is written), reading fixed PLE buffers."""
+        ctx = StepContext(lambda i: self._fixed_rows(i, entry.bucket), None, None)
+        entry.slots.fill_(-1)
+        side = torch.cuda.Stream(self.stack.pool.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # first launches compile / autotune / allocate outside the capture
+                self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
+        torch.cuda.current_stream().wait_stream(side)
+        seg.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(seg.graph, pool=mempool):
+            seg.out = self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
+
+    # ---- running ----
+    def _fill(self, entry: _Entry, packed: Packed, n: int) -> None:
+        """Copy a step of n sequences into the fixed inputs; padding rows get zeros and slot -1."""
+        entry.x[:n].copy_(packed.x)
+        entry.x[n:].zero_()
+        if entry.residual is not None:
+            entry.residual.zero_()  # the runtime's residual is zero before the first layer
+        entry.slots[:n].copy_(packed.pack.slots)
+        entry.slots[n:].fill_(-1)
+
+    def _replay(self, entry: _Entry, ctx: StepContext) -> Tensor:
+        out = None
+        for seg in entry.segments:
+            if out is not None and out is not seg.inp:
+                seg.inp.x.copy_(out.x)
+                if seg.inp.residual is not None:
+                    seg.inp.residual.copy_(out.residual)
+            if seg.captured:
+                seg.graph.replay()
+                out = seg.out
+                self.stats.replays += 1
+            else:
+                out = self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
+        return Stack.hidden(out)
+
+    def _eager(self, entry: _Entry, ctx: StepContext) -> Tensor:
+        engines = tuple(e for seg in entry.segments for e in seg.engines)
+        return Stack.hidden(self.stack.run(entry.mode, engines, Packed(entry.x, entry.residual, entry.pack), ctx))
+
+    def _gate(self, key: tuple, entry: _Entry, ctx: StepContext, slots: Tensor) -> Tensor:
+        """First use: replay, put the written rows back, run eagerly on the same inputs, compare bit for bit."""
+        idx = slots.to(torch.int64)
+        before = self._rows(idx)
+        got = self._replay(entry, ctx)[: idx.numel()].clone()
+        after_graph = self._rows(idx)
+        self._put(idx, before)
+        want = self._eager(entry, ctx)[: idx.numel()].clone()
+        after_eager = self._rows(idx)
+        name = f"{entry.mode.value} bucket {entry.bucket}"
+        same = torch.equal(got, want) and all(torch.equal(a, b) for a, b in zip(after_graph, after_eager))
+        if same:
+            entry.gated = True
+            self.stats.captured.append(name)
+            self.selector.say(f"captured {name}: replay == eager bit for bit; "
+                              f"{sum(s.captured for s in entry.segments)} graph segment(s)")
+            return got
+        diff = (got.double() - want.double()).abs().max().item()
+        reason = f"replay differs from eager (max |output diff| {diff:.3e})"
+        self.stats.gate_failures.append(f"{name}: {reason}")
+        self.selector.failed_buckets[(entry.mode, entry.bucket)] = reason
+        self.selector.say(f"{name} failed its acceptance gate, runs eagerly from now on: {reason}", logging.WARNING)
+        del self._entries[key]
+        return want
+
+    def _rows(self, idx: Tensor) -> list[Tensor]:
+        return [t.index_select(0, idx) for st in self.stack.pool.layers.values() for t in st.tensors()]
+
+    def _put(self, idx: Tensor, saved: list[Tensor]) -> None:
+        it = iter(saved)
+        for st in self.stack.pool.layers.values():
+            for t in st.tensors():
+                t.index_copy_(0, idx, next(it))
+
+    def _fixed_rows(self, layer_idx: int, bucket: int) -> Tensor:
+        return self.feeds.stages[layer_idx].ple_rows[:bucket]
+
+    def _padded_rows(self, rows: StepRows, layer_idx: int, n: int, bucket: int) -> Tensor:
+        """Stage the step's n rows (once) into the fixed buffer and zero the padding rows n..bucket."""
+        rows.rows(layer_idx)
+        buf = self._fixed_rows(layer_idx, bucket)
+        buf[n:].zero_()
+        return buf

@@ -1,0 +1,174 @@
+"""Engine selection: a step (sequences with token counts and kinds) -> groups of (mode, engines, bucket, path).
+
+A mixed step is split into one group per kind (decode, verify, prefill); each sequence belongs to exactly one.
+Per group the candidate modes are tried in order (the single-sequence mode first when the group has one
+sequence), and per layer the engines in backend preference order; the first mode every layer covers wins. Decode
+groups are padded to the smallest CUDA-graph bucket that holds them, and each layer's capture veto decides which
+layers replay from graphs and which run eagerly. Every choice and every refusal is logged once, with its reason.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+
+from ..model.modes import LayerMode
+from .backends import Engine
+
+log = logging.getLogger("gdn_trt.runtime")
+
+
+class StepKind(str, enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    VERIFY = "verify"
+
+
+_CANDIDATES = {
+    # (kind, single sequence?) -> modes in preference order
+    (StepKind.DECODE, True): (LayerMode.DECODE, LayerMode.DECODE_MULTI_SEQ),
+    (StepKind.DECODE, False): (LayerMode.DECODE_MULTI_SEQ,),
+    (StepKind.VERIFY, True): (LayerMode.DECODE_BATCHED, LayerMode.VERIFY_MULTI),
+    (StepKind.VERIFY, False): (LayerMode.VERIFY_MULTI,),
+    (StepKind.PREFILL, True): (LayerMode.PREFILL, LayerMode.PREFILL_VARLEN),
+    (StepKind.PREFILL, False): (LayerMode.PREFILL_VARLEN,),
+}
+
+
+class NoEngineError(ValueError):
+    """No engine of some layer covers a step; the message lists every refusal."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """One sequence's share of a step: its id, pool slot, token count and kind."""
+
+    seq: int
+    slot: int
+    tokens: int
+    kind: StepKind
+
+
+@dataclass(frozen=True)
+class Group:
+    """Sequences of one kind run together: the mode, one engine per layer (stack order), the CUDA-graph bucket
+    (None = eager, unpadded) and, per layer, the capture veto (None = that layer replays from a graph)."""
+
+    kind: StepKind
+    mode: LayerMode
+    work: tuple[Work, ...]
+    engines: tuple[Engine, ...]
+    bucket: int | None
+    vetoes: tuple[str | None, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(w.tokens for w in self.work)
+
+    @property
+    def path(self) -> str:
+        """'graph' (every layer replays), 'eager', or 'graph+eager' (vetoed layers run eagerly in between)."""
+        if self.bucket is None or all(v is not None for v in self.vetoes):
+            return "eager"
+        return "graph" if all(v is None for v in self.vetoes) else "graph+eager"
+
+    @property
+    def veto(self) -> str | None:
+        """The first veto reason of the step (stats and logs)."""
+        return next((f"layer {e.layer_idx}: {v}" for e, v in zip(self.engines, self.vetoes) if v is not None), None)
+
+
+@dataclass(frozen=True)
+class GraphPolicy:
+    """What may be captured: `enabled` (False = every step eager), the decode `buckets`, and whether the PLE
+    prestage is hoisted before replay (`ple_hoisted`; otherwise PLE layers veto decode capture)."""
+
+    enabled: bool
+    buckets: tuple[int, ...]
+    ple_hoisted: bool
+
+
+class Selector:
+    """Maps steps to groups over `engines[k]` = the candidate engines of the k-th layer, best first."""
+
+    def __init__(self, engines: list[list[Engine]], policy: GraphPolicy, ple_layers: frozenset[int]):
+        self.engines, self.policy, self.ple_layers = engines, policy, ple_layers
+        self._said: set[str] = set()
+        self.failed_buckets: dict[tuple[LayerMode, int], str] = {}
+
+    def say(self, msg: str, level: int = logging.INFO) -> None:
+        """Log `msg` the first time it is said."""
+        if msg not in self._said:
+            self._said.add(msg)
+            log.log(level, msg)
+
+    def select(self, work: list[Work]) -> list[Group]:
+        """Split a step into groups (decode, verify, prefill order) and choose each one's mode, engines, bucket."""
+        groups = []
+        for kind in (StepKind.DECODE, StepKind.VERIFY, StepKind.PREFILL):
+            part = tuple(w for w in work if w.kind is kind)
+            if part:
+                groups.append(self._group(kind, part))
+        return groups
+
+    def _group(self, kind: StepKind, work: tuple[Work, ...]) -> Group:
+        n, tokens = len(work), sum(w.tokens for w in work)
+        refusals = []
+        for mode in _CANDIDATES[(kind, n == 1)]:
+            bucket = self._bucket(mode, n)
+            rows = bucket or n
+            chosen = []
+            for cands in self.engines:
+                eng = self._engine(cands, mode, rows, tokens if bucket is None else rows, refusals)
+                if eng is None:
+                    break
+                chosen.append(eng)
+            else:
+                vetoes = tuple(self._veto(e, mode, bucket) for e in chosen)
+                g = Group(kind, mode, work, tuple(chosen), bucket, vetoes)
+                self.say(f"{kind.value} x{n}: {mode.value} on {'/'.join(sorted({e.name for e in chosen}))}, "
+                         f"{g.path}{f' (bucket {bucket})' if bucket else ''}"
+                         f"{f'; {g.veto}' if g.veto else ''}")
+                return g
+        raise NoEngineError(f"no engine covers a {kind.value} step of {n} sequences and {tokens} tokens: "
+                            + "; ".join(refusals))
+
+    def _engine(self, cands: list[Engine], mode: LayerMode, seqs: int, tokens: int, refusals: list[str]
+                ) -> Engine | None:
+        for e in cands:
+            why = e.refuse(mode, seqs, tokens) if mode in e.modes() else f"has no {mode.value} engine"
+            if why is None:
+                return e
+            msg = f"layer {e.layer_idx} {e.name} refuses {mode.value} ({seqs} seqs, {tokens} tokens): {why}"
+            refusals.append(msg)
+            self.say(msg)
+        return None
+
+    def _bucket(self, mode: LayerMode, n: int) -> int | None:
+        """The graph bucket of a decode group of n sequences, or None when it runs eagerly (logged once)."""
+        if not mode.one_token_per_sequence:
+            return None
+        if not self.policy.enabled:
+            self.say("CUDA graphs off: every step runs eagerly")
+            return None
+        if mode is LayerMode.DECODE:
+            return 1
+        fits = [b for b in self.policy.buckets if b >= n]
+        if not fits:
+            self.say(f"decode of {n} sequences exceeds the largest graph bucket {max(self.policy.buckets)}: eager",
+                     logging.WARNING)
+            return None
+        return min(fits)
+
+    def _veto(self, engine: Engine, mode: LayerMode, bucket: int | None) -> str | None:
+        why = engine.capture_veto(mode)
+        if why is None and not self.policy.enabled:
+            why = "CUDA graphs are off for this session"
+        if why is None and bucket is None:
+            why = f"the step exceeds the largest graph bucket {max(self.policy.buckets)}"
+        if why is None and (mode, bucket) in self.failed_buckets:
+            why = f"bucket {bucket} failed its acceptance gate: {self.failed_buckets[(mode, bucket)]}"
+        if why is None and engine.layer_idx in self.ple_layers and not self.policy.ple_hoisted:
+            why = "PLE prestage hashes and gathers rows on the host inside the step (hoist it to capture)"
+        return why

@@ -1,0 +1,283 @@
+"""`Session`: the public runtime API (DESIGN §6) over a stack of GDN layers, owning all recurrent state.
+
+    sess = Session.open("tiny-3.5", device="cpu", max_seqs=8)
+    seq = sess.add_sequence()                                 # a slot in every layer, zeroed
+    res = sess.prefill(seq, hidden, capture_at=64)            # res.hidden, res.capture (a snapshot at token 64)
+    outs = sess.decode({seq: h1})                             # CUDA graph unless a layer vetoes
+    outs = sess.verify({seq: h_k})                            # stash only, nothing committed
+    sess.accept({seq: j})                                     # state after draft token j-1, folded on the device
+    blob = sess.snapshot(seq); seq2 = sess.restore(blob); sess.release(seq)
+
+Every call validates all of its input before touching any state: a bad call raises and changes nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import tempfile
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..model.config import GdnConfig
+from ..model.layer import GdnLayer
+from ..model.state import BufferSpec
+from .backends import Engine, build_engines
+from .graphs import GraphCache
+from .loading import Source, act_dtype, load_source
+from .plan import RuntimeLimits, available_memory, plan
+from .pleio import PleFeeds
+from .select import GraphPolicy, Selector
+from .stack import Stack, StepBuffers
+from .state import Fence, SlotState, SnapshotError, StatePool
+from .stats import SessionStats
+
+log = logging.getLogger("gdn_trt.runtime")
+
+
+class SequenceError(KeyError):
+    """An unknown or released sequence, or one in the wrong phase (e.g. an unaccepted verify)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Args:
+        limits: buffer sizes (max_seqs, max_prefill_tokens, max_draft, graph buckets, PLE cache rows).
+        dtype: activation dtype; None = fp32 on the CPU, the config's dtype on CUDA.
+        graphs: capture decode steps as CUDA graphs where no layer vetoes (CUDA only).
+        ple_hoisted: stage PLE rows before a replay (True) or let PLE layers veto decode capture (False).
+        memory_budget: bytes the memory plan must fit; None = the device's free memory.
+        seed: seed of the synthetic weights when the model is a preset or a config.
+    """
+
+    limits: RuntimeLimits = field(default_factory=RuntimeLimits)
+    dtype: torch.dtype | None = None
+    graphs: bool = True
+    ple_hoisted: bool = True
+    memory_budget: int | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One sequence's prefill: hidden `[L, stream_dim]`, token ids `[L]` (PLE models), optional capture point."""
+
+    hidden: Tensor
+    token_ids: object = None
+    capture_at: int | None = None
+
+
+@dataclass
+class PrefillResult:
+    """hidden `[L, C]` (plain: after the last layer's residual add) or streams `[L, n*C]` (hc); `capture`: the
+    snapshot of the state after `capture_at` tokens (restore it, prefill the tail, and the run is reproduced)."""
+
+    hidden: Tensor
+    capture: bytes | None = None
+
+
+@dataclass
+class _Pending:
+    """An unaccepted verify: its stash rows start at `row`, `count` draft tokens, their ids (PLE)."""
+
+    epoch: int
+    row: int
+    count: int
+    ids: np.ndarray
+
+
+@dataclass
+class _Seq:
+    slot: int
+    position: int = 0
+    pending: _Pending | None = None
+
+
+@dataclass
+class _Parts:
+    cfg: GdnConfig
+    layers: list[GdnLayer]
+    engines: list[list[Engine]]
+    feeds: PleFeeds | None
+    device: torch.device
+    dtype: torch.dtype
+
+
+class Session:
+    """A stack of GDN layers over continuous batches. Build it with `Session.open`."""
+
+    @classmethod
+    def open(cls, checkpoint_or_preset: Source, engines_dir: str | None = None, backend: str = "auto",
+             device: str | torch.device | None = None, max_seqs: int | None = None,
+             options: SessionOptions | None = None) -> "Session":
+        """Load the model, plan memory (fails early naming the limit to lower), build the engines and buffers."""
+        options = options or SessionOptions()
+        if max_seqs is not None:
+            options = replace(options, limits=replace(options.limits, max_seqs=max_seqs))
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            log.info("device not given: %s", device)
+        dev = torch.device(device)
+        ckpt, tmp = load_source(checkpoint_or_preset, options.seed)
+        cfg = ckpt.config
+        dtype = options.dtype or act_dtype(cfg, dev)
+        budget = plan(cfg, options.limits, str(dtype).replace("torch.", ""), options.graphs and dev.type == "cuda")
+        budget.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
+        layers = [GdnLayer(cfg, lw, dtype).to(dev) for lw in ckpt.layers]
+        engines = build_engines(backend, layers, engines_dir, dev)
+        feeds = PleFeeds(cfg, ckpt.ple_tables, options.limits, dev) if cfg.ple_layer_ids else None
+        sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype), options)
+        sess._tmp = tmp
+        return sess
+
+    def __init__(self, parts: _Parts, options: SessionOptions):
+        self.cfg, self.device, self.dtype, self.options = parts.cfg, parts.device, parts.dtype, options
+        self.limits = options.limits
+        spec = BufferSpec(self.dtype, self.device)
+        self.pool = StatePool(self.cfg, self.limits.max_seqs, spec)
+        self.feeds = parts.feeds
+        if self.feeds is not None:
+            for i, c in self.feeds.carries().items():
+                self.pool.attach_id_carries(i, c)
+        self.stack = Stack(self.cfg, self.pool, StepBuffers.allocate(self.cfg, self.limits, spec))
+        graphs = options.graphs and self.device.type == "cuda"
+        policy = GraphPolicy(graphs, self.limits.buckets(), options.ple_hoisted)
+        ple = self.feeds.layers if self.feeds else frozenset()
+        self.selector = Selector(parts.engines, policy, ple)
+        self._stats = SessionStats()
+        self.graphs = GraphCache(self.stack, self.selector, self._stats.graphs, self.feeds)
+        self._seqs: dict[int, _Seq] = {}
+        self._released: set[int] = set()
+        self._ids = itertools.count()
+        self._epoch = 0
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        log.info("session: %s, %d GDN layers, %s on %s, limits %s, graphs %s, PLE %s", self.cfg.name,
+                 len(self.cfg.gdn_layer_ids), str(self.dtype).replace("torch.", ""), self.device, self.limits,
+                 "on" if graphs else "off", ("hoisted" if options.ple_hoisted else "vetoes decode capture")
+                 if ple else "none")
+
+    # ---- sequences ----
+    def add_sequence(self) -> int:
+        """A new sequence at position 0, with a zeroed slot in every layer (and fresh PLE id carries)."""
+        slot = self.pool.allocate()
+        seq = next(self._ids)
+        self._seqs[seq] = _Seq(slot)
+        return seq
+
+    def release(self, seq: int) -> None:
+        s = self._live(seq)
+        self.pool.free(s.slot)
+        del self._seqs[seq]
+        self._released.add(seq)
+
+    def position(self, seq: int) -> int:
+        """Tokens committed to the sequence's state."""
+        return self._live(seq).position
+
+    @property
+    def sequences(self) -> list[int]:
+        return list(self._seqs)
+
+    # ---- steps ----
+    def prefill(self, seq: int, hidden: Tensor, token_ids: object = None, capture_at: int | None = None
+                ) -> PrefillResult:
+        out = self.step(prefill={seq: Prompt(hidden, token_ids, capture_at)})
+        return PrefillResult(out.outputs[seq], out.captures.get(seq))
+
+    def prefill_batch(self, prompts: dict[int, Prompt]) -> dict[int, PrefillResult]:
+        """Several sequences prefilled together (one PREFILL_VARLEN step)."""
+        out = self.step(prefill=prompts)
+        return {s: PrefillResult(out.outputs[s], out.captures.get(s)) for s in prompts}
+
+    def decode(self, hidden: dict[int, Tensor], token_ids: dict[int, object] | None = None) -> dict[int, Tensor]:
+        """One token for each sequence: hidden `{seq: [1, stream_dim]}` -> `{seq: [1, C or n*C]}`."""
+        return self.step(decode=hidden, token_ids=token_ids).outputs
+
+    def verify(self, hidden: dict[int, Tensor], token_ids: dict[int, object] | None = None) -> dict[int, Tensor]:
+        """0..max_draft draft tokens per sequence; the state after each goes to the stash, nothing is committed."""
+        return self.step(verify=hidden, token_ids=token_ids).outputs
+
+    def step(self, decode: dict[int, Tensor] | None = None, verify: dict[int, Tensor] | None = None,
+             prefill: dict[int, Prompt] | None = None, token_ids: dict[int, object] | None = None) -> "StepResult":
+        """A mixed step (each sequence in one kind): validated as a whole, split into groups by kind, run."""
+        from .steps import run_step
+
+        return run_step(self, decode or {}, verify or {}, prefill or {}, token_ids or {})
+
+    def accept(self, counts: dict[int, int]) -> None:
+        """Commit `j` of each verified sequence's draft tokens: the state after draft token j-1 is folded from the
+        stash into the pools on the device (j = 0 keeps the state). Clears the pending verify."""
+        checked = []
+        for seq, j in counts.items():
+            s = self._live(seq)
+            p = s.pending
+            if p is None:
+                raise SequenceError(f"sequence {seq} has no verify to accept")
+            if p.epoch != self._epoch:
+                raise SequenceError(f"sequence {seq}: a later verify step overwrote its stash; verify again")
+            if not isinstance(j, (int, np.integer)) or isinstance(j, bool) or not 0 <= j <= p.count:
+                raise ValueError(f"sequence {seq}: accepted count must be an int in 0..{p.count}, got {j!r}")
+            checked.append((s, p, int(j)))
+        take = [(s, p, j) for s, p, j in checked if j > 0]
+        self.stack.buffers.fold(self.pool, [p.row + j - 1 for _, p, j in take], [s.slot for s, _, _ in take])
+        fence = Fence(self.device).record(self._stream())
+        for s, p, j in checked:
+            if j and self.feeds is not None:
+                self.feeds.commit(s.slot, p.ids[:j])
+            s.position += j
+            s.pending = None
+            self._stats.accepted += j
+        self.pool.mark_written([s.slot for s, _, _ in take], fence)
+
+    # ---- snapshots ----
+    def snapshot(self, seq: int) -> bytes:
+        """All of the sequence's committed state at its current token position (after its last step completed)."""
+        s = self._live(seq)
+        blob = self.pool.encode(self.pool.read_slot(s.slot, s.position))
+        self._stats.snapshots += 1
+        return blob
+
+    def restore(self, blob: bytes) -> int:
+        """A new sequence holding a snapshot's state and position; a corrupt or foreign blob raises
+        `SnapshotError` and changes nothing."""
+        try:
+            state: SlotState = self.pool.decode(blob)
+        except SnapshotError:
+            self._stats.rejected_snapshots += 1
+            raise
+        seq = self.add_sequence()
+        s = self._seqs[seq]
+        self.pool.write_slot(s.slot, state)
+        self.pool.mark_written([s.slot], Fence(self.device).record(self._stream()))
+        s.position = state.position
+        self._stats.restores += 1
+        self._stats.restored_tokens += state.position
+        return seq
+
+    def stats(self) -> SessionStats:
+        if self.feeds is not None:
+            self._stats.ple = self.feeds.counters()
+        return self._stats
+
+    # ---- internals ----
+    def _live(self, seq: int) -> _Seq:
+        s = self._seqs.get(seq) if isinstance(seq, (int, np.integer)) and not isinstance(seq, bool) else None
+        if s is None:
+            state = "was released" if seq in self._released else "is unknown"
+            raise SequenceError(f"sequence {seq!r} {state}")
+        return s
+
+    def _stream(self) -> torch.cuda.Stream | None:
+        return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+
+
+@dataclass
+class StepResult:
+    outputs: dict[int, Tensor]
+    captures: dict[int, bytes]

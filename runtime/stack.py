@@ -1,0 +1,114 @@
+"""Running one step group through the stack of GDN layers, and the step buffers the runtime owns.
+
+The hidden state goes through the layers in checkpoint order. Plain layers hand `(x, residual)` from layer to
+layer (the runtime owns the residual: zeros before the first layer, and the step's result is `x + residual`, the
+HF hidden state after the last layer); hc layers hand the streams `[T, n*C]`. Verify modes write each layer's
+stash, prefill modes each layer's capture rows; both are sized once from `RuntimeLimits`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..model.config import GdnConfig
+from ..model.modes import LayerMode
+from ..model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
+from ..plugins.packing import Packing
+from .backends import Engine, LayerCall
+from .plan import RuntimeLimits
+from .state import StatePool
+
+RowsFn = Callable[[int], Tensor]  # layer index -> PLE rows [T, heads, d_h] of the step, staged on first call
+
+
+@dataclass
+class StepBuffers:
+    """Per layer: the verify stash `[max_verify_tokens, ...]` and the prefill capture rows `[max_seqs, ...]`."""
+
+    stash: dict[int, StateStash]
+    capture: dict[int, LayerState]
+
+    @staticmethod
+    def allocate(cfg: GdnConfig, limits: RuntimeLimits, spec: BufferSpec) -> "StepBuffers":
+        ids = cfg.gdn_layer_ids
+        return StepBuffers({i: StateStash.allocate(cfg, i, limits.max_verify_tokens, spec) for i in ids},
+                           {i: LayerState.allocate(cfg, i, limits.max_seqs, spec) for i in ids})
+
+    def stash_view(self, layer_idx: int, tokens: int) -> StateStash:
+        s = self.stash[layer_idx]
+        return StateStash(s.conv[:tokens], s.ssm[:tokens], None if s.ple_conv is None else s.ple_conv[:tokens])
+
+    def capture_view(self, layer_idx: int, at: Tensor) -> StateCapture:
+        c, n = self.capture[layer_idx], at.shape[0]
+        return StateCapture(at, c.conv[:n], c.ssm[:n], None if c.ple_conv is None else c.ple_conv[:n])
+
+    def fold(self, pool: StatePool, rows: list[int], slots: list[int]) -> None:
+        """Write on accept: stash row rows[k] of every layer becomes pool slot slots[k], on the device."""
+        if not rows:
+            return
+        r = torch.tensor(rows, dtype=torch.int64, device=pool.device)
+        s = torch.tensor(slots, dtype=torch.int64, device=pool.device)
+        for i, st in pool.layers.items():
+            stash = self.stash[i]
+            for part in ("conv", "ssm", "ple_conv"):
+                dst = getattr(st, part)
+                if dst is not None:
+                    dst.index_copy_(0, s, getattr(stash, part).index_select(0, r))
+
+
+@dataclass
+class Packed:
+    """A group's packed activations: x `[T, stream_dim]`, residual `[T, C]` (plain) or None (hc), the packing."""
+
+    x: Tensor
+    residual: Tensor | None
+    pack: Packing
+
+
+class Stack:
+    """The layers of a session in order, over its pool and step buffers."""
+
+    def __init__(self, cfg: GdnConfig, pool: StatePool, buffers: StepBuffers):
+        self.cfg, self.pool, self.buffers = cfg, pool, buffers
+        self.layer_ids = cfg.gdn_layer_ids
+
+    def packed(self, x: Tensor, lengths: list[int], slots: list[int]) -> Packed:
+        residual = None if self.cfg.is_hc else torch.zeros_like(x)
+        return Packed(x, residual, Packing.build(lengths, slots, x.device))
+
+    def extra(self, mode: LayerMode, layer_idx: int, tokens: int, capture_at: Tensor | None
+              ) -> StateStash | StateCapture | None:
+        if mode.uses_stash:
+            return self.buffers.stash_view(layer_idx, tokens)
+        if mode.chunked:
+            return self.buffers.capture_view(layer_idx, capture_at)
+        return None
+
+    def run(self, mode: LayerMode, engines: tuple[Engine, ...], inp: Packed, ctx: "StepContext") -> Packed:
+        """Run `inp` through the layers of `engines` (a contiguous run of the stack) and return the result."""
+        x, residual = inp.x, inp.residual
+        for eng in engines:
+            i = eng.layer_idx
+            rows = ctx.rows(i) if self.cfg.has_ple(i) else None
+            extra = self.extra(mode, i, x.shape[0], ctx.capture_at)
+            out = eng.run(LayerCall(mode, StepInput(x, inp.pack, residual, rows), self.pool.layers[i], extra),
+                          ctx.stream)
+            x, residual = out.x, out.residual
+        return Packed(x, residual, inp.pack)
+
+    @staticmethod
+    def hidden(p: Packed) -> Tensor:
+        return StepOutput(p.x, p.residual).hidden()
+
+
+@dataclass
+class StepContext:
+    """What a group's layers need besides activations: PLE rows by layer, capture points, the stream."""
+
+    rows: RowsFn
+    capture_at: Tensor | None
+    stream: torch.cuda.Stream | None

@@ -1,0 +1,186 @@
+"""One session step: validate every sequence's input, select groups, run them, commit what each kind commits.
+
+Validation covers everything that could fail later (sequence ids and phases, shapes, dtypes, token ids, capture
+points, limits, engine coverage) and happens before the first buffer is touched, so a refused step leaves every
+pool, stash, id carry and position as it was.
+
+Commit rules: decode and prefill write the pools and advance positions and PLE id carries; verify writes only the
+stash and records a pending verify (`accept` commits); a prefill capture is serialized once its step's fence has
+completed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .ple.hashing import as_ids
+from .pleio import StepRows
+from .select import Group, StepKind, Work
+from .stack import Stack, StepContext
+from .state import Fence, SlotState
+
+if TYPE_CHECKING:
+    from .session import Session, StepResult, _Seq
+
+
+@dataclass
+class _Item:
+    """One sequence's validated input."""
+
+    seq: int
+    s: "_Seq"
+    kind: StepKind
+    hidden: Tensor  # [L, stream_dim] on the session's device
+    ids: np.ndarray | None  # [L] int64 (PLE models)
+    capture_at: int  # -1 = none
+
+
+def run_step(sess: "Session", decode: dict, verify: dict, prefill: dict, token_ids: dict) -> "StepResult":
+    from .session import StepResult
+
+    items = _validate(sess, decode, verify, prefill, token_ids)
+    work = [Work(it.seq, it.s.slot, it.hidden.shape[0], it.kind) for it in items]
+    groups = sess.selector.select(work) if work else []
+    by_seq = {it.seq: it for it in items}
+    result = StepResult({}, {})
+    for g in groups:
+        _run_group(sess, g, [by_seq[w.seq] for w in g.work], result)
+    return result
+
+
+def _validate(sess: "Session", decode: dict, verify: dict, prefill: dict, token_ids: dict) -> list[_Item]:
+    from .session import Prompt, SequenceError
+
+    items, seen = [], set()
+    for kind, part in ((StepKind.DECODE, decode), (StepKind.VERIFY, verify), (StepKind.PREFILL, prefill)):
+        if not isinstance(part, dict):
+            raise TypeError(f"{kind.value} takes a dict {{sequence: input}}, got {type(part).__name__}")
+        for seq, val in part.items():
+            s = sess._live(seq)
+            if seq in seen:
+                raise ValueError(f"sequence {seq} appears in more than one kind of the same step")
+            seen.add(seq)
+            if s.pending is not None:
+                raise SequenceError(f"sequence {seq} has an unaccepted verify: call accept first "
+                                    f"(accept({{{seq}: 0}}) rejects every draft)")
+            if kind is StepKind.PREFILL and not isinstance(val, Prompt):
+                raise TypeError(f"prefill of sequence {seq} takes a Prompt, got {type(val).__name__}")
+            prompt = val if isinstance(val, Prompt) else Prompt(val)
+            if prompt.token_ids is not None and seq in token_ids:
+                raise ValueError(f"sequence {seq}: token ids given twice (Prompt and token_ids)")
+            hidden = _hidden(sess, prompt.hidden, kind, seq)
+            L = hidden.shape[0]
+            ids = _token_ids(sess, prompt.token_ids if prompt.token_ids is not None else token_ids.get(seq), L, seq)
+            items.append(_Item(seq, s, kind, hidden, ids, _capture(prompt.capture_at, L, seq)))
+    extra = set(token_ids) - seen
+    if extra:
+        raise ValueError(f"token ids given for sequences that are not in the step: {sorted(extra)}")
+    lim = sess.limits
+    n_prefill = sum(it.hidden.shape[0] for it in items if it.kind is StepKind.PREFILL)
+    if n_prefill > lim.max_prefill_tokens:
+        raise ValueError(f"prefill step of {n_prefill} tokens exceeds max_prefill_tokens={lim.max_prefill_tokens}: "
+                         "prefill in chunks (each continues from the state) or raise the limit")
+    return items
+
+
+def _hidden(sess: "Session", h: object, kind: StepKind, seq: int) -> Tensor:
+    width = sess.cfg.stream_dim
+    if not isinstance(h, Tensor):
+        raise TypeError(f"{kind.value} input of sequence {seq} must be a tensor, got {type(h).__name__}")
+    if h.dim() != 2 or h.shape[1] != width:
+        raise ValueError(f"{kind.value} input of sequence {seq} must be [tokens, {width}], got {tuple(h.shape)}")
+    if h.dtype != sess.dtype:
+        raise ValueError(f"{kind.value} input of sequence {seq} is {h.dtype}, the session computes in {sess.dtype}")
+    L, lim = h.shape[0], sess.limits
+    if kind is StepKind.DECODE and L != 1:
+        raise ValueError(f"decode takes one token per sequence; sequence {seq} brings {L}")
+    if kind is StepKind.VERIFY and L > lim.max_draft:
+        raise ValueError(f"verify of sequence {seq} brings {L} draft tokens, more than max_draft={lim.max_draft}")
+    if kind is StepKind.PREFILL and L < 1:
+        raise ValueError(f"prefill of sequence {seq} brings no tokens")
+    return h.to(sess.device)
+
+
+def _token_ids(sess: "Session", ids: object, L: int, seq: int) -> np.ndarray | None:
+    if sess.feeds is None:
+        if ids is not None:
+            raise ValueError(f"sequence {seq}: this model has no PLE layer, so it takes no token ids")
+        return None
+    if ids is None:
+        raise ValueError(f"sequence {seq}: PLE layers {sorted(sess.feeds.layers)} need the token ids of every token")
+    a = as_ids(ids, f"token ids of sequence {seq}")
+    if a.shape != (L,):
+        raise ValueError(f"token ids of sequence {seq} must be [{L}], got shape {a.shape}")
+    sess.feeds.check_ids(a, f"sequence {seq}")
+    return a
+
+
+def _capture(at: object, L: int, seq: int) -> int:
+    if at is None:
+        return -1
+    if not isinstance(at, (int, np.integer)) or isinstance(at, bool) or not 0 <= at <= L:
+        raise ValueError(f"capture_at of sequence {seq} must be an int in 0..{L}, got {at!r}")
+    return int(at)
+
+
+def _run_group(sess: "Session", g: Group, items: list[_Item], result: "StepResult") -> None:
+    dev, stream = sess.device, sess._stream()
+    lengths, slots = [it.hidden.shape[0] for it in items], [it.s.slot for it in items]
+    x = torch.cat([it.hidden for it in items])
+    rows = StepRows(sess.feeds, [(it.s.slot, it.ids) for it in items] if sess.feeds else [],
+                    commit=g.kind is not StepKind.VERIFY, stream=stream)
+    capture_at = None
+    cap_carries = {}
+    if g.kind is StepKind.PREFILL:
+        capture_at = torch.tensor([it.capture_at for it in items], dtype=torch.int32, device=dev)
+        if sess.feeds is not None:  # before the step: staging advances the carries
+            cap_carries = {it.seq: sess.feeds.carries_after(it.s.slot, it.ids[:it.capture_at])
+                           for it in items if it.capture_at >= 0}
+    ctx = StepContext(rows.rows, capture_at, stream)
+    packed = sess.stack.packed(x, lengths, slots)
+    if g.path == "eager":
+        hidden = Stack.hidden(sess.stack.run(g.mode, g.engines, packed, ctx))
+    else:
+        hidden = sess.graphs.run(g, packed, ctx, rows)
+    fence = Fence(dev).record(stream)
+    rows.rearm(fence.event)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    for it, a, b in zip(items, offsets, offsets[1:]):
+        result.outputs[it.seq] = hidden[a:b]
+    if g.kind is StepKind.VERIFY:
+        sess._epoch += 1
+        for it, a in zip(items, offsets):
+            it.s.pending = _pending(sess._epoch, a, it)
+        sess._stats.drafted += sum(lengths)
+    else:
+        sess.pool.mark_written(slots, fence)
+        for it in items:
+            it.s.position += it.hidden.shape[0]
+    if g.kind is StepKind.PREFILL:
+        _captures(sess, items, cap_carries, fence, result)
+    sess._stats.kinds[g.kind].add(g)
+
+
+def _pending(epoch: int, row: int, it: _Item):
+    from .session import _Pending
+
+    ids = it.ids if it.ids is not None else np.zeros(0, dtype=np.int64)
+    return _Pending(epoch, row, it.hidden.shape[0], ids)
+
+
+def _captures(sess: "Session", items: list[_Item], carries: dict, fence: Fence, result: "StepResult") -> None:
+    """Serialize each requested capture point (after the step completed: the commit fence)."""
+    caps = [(n, it) for n, it in enumerate(items) if it.capture_at >= 0]
+    if not caps:
+        return
+    fence.wait()
+    for n, it in caps:
+        tensors = sess.pool.rows_of(sess.stack.buffers.capture, n, carries.get(it.seq, {}))
+        pos = it.s.position - it.hidden.shape[0] + it.capture_at
+        result.captures[it.seq] = sess.pool.encode(SlotState(tensors, pos))
+        sess._stats.captures += 1
