@@ -70,7 +70,7 @@ class BudgetRow:
     item: str
     device: int
     host: int
-    limit: str  # the limit that scales this row ("" = fixed by the model)
+    limits: tuple[str, ...]  # the limits that scale this row (() = fixed by the model)
 
 
 @dataclass
@@ -93,19 +93,23 @@ class Budget:
         """Raise `BudgetError` naming the limit to lower when the device part does not fit `available` bytes."""
         if self.device_total <= available:
             return
-        scaled = [r for r in self.rows if r.limit]
-        worst = max(scaled, key=lambda r: r.device) if scaled else max(self.rows, key=lambda r: r.device)
-        raise BudgetError(
-            f"the runtime needs {_fmt(self.device_total)} on {where} but {_fmt(available)} is available; the "
-            f"largest part is {worst.item} ({_fmt(worst.device)}): lower {worst.limit or 'the model size'} "
-            f"(limits: {self.limits})")
+        by_limit: dict[str, int] = {}
+        for r in self.rows:
+            for name in r.limits:
+                by_limit[name] = by_limit.get(name, 0) + r.device
+        knob = max(by_limit, key=by_limit.get) if by_limit else None
+        advice = (f"lower {knob} (it scales {_fmt(by_limit[knob])} of it)" if knob
+                  else "the weights alone do not fit: use a larger device")
+        raise BudgetError(f"the runtime needs {_fmt(self.device_total)} on {where} but {_fmt(available)} is "
+                          f"available: {advice}; limits: {self.limits}")
 
     def table(self) -> str:
         w = max(len(r.item) for r in self.rows)
         lines = [f"memory plan for {self.cfg.name} ({len(self.cfg.gdn_layer_ids)} GDN layers, hash "
                  f"{self.cfg.config_hash()})",
                  f"{'item':<{w}}  {'device':>10}  {'host':>10}  limit"]
-        lines += [f"{r.item:<{w}}  {_fmt(r.device):>10}  {_fmt(r.host):>10}  {r.limit or '-'}" for r in self.rows]
+        lines += [f"{r.item:<{w}}  {_fmt(r.device):>10}  {_fmt(r.host):>10}  {', '.join(r.limits) or '-'}"
+                  for r in self.rows]
         lines.append(f"{'total':<{w}}  {_fmt(self.device_total):>10}  {_fmt(self.host_total):>10}")
         return "\n".join(lines)
 
@@ -158,26 +162,28 @@ def plan(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool) ->
     """The memory plan of a session over `cfg`'s GDN layers at `limits`, activations in `act_dtype`."""
     a, per_slot, per_tok = _ITEMSIZE[act_dtype], slot_bytes(cfg, act_dtype), token_activation_bytes(cfg, act_dtype)
     b = Budget(cfg, limits)
-    b.rows.append(BudgetRow("weights", weight_bytes(cfg, act_dtype), 0, ""))
-    b.rows.append(BudgetRow(f"state pools ({limits.max_seqs} slots)", limits.max_seqs * per_slot, 0, "max_seqs"))
+    b.rows.append(BudgetRow("weights", weight_bytes(cfg, act_dtype), 0, ()))
+    b.rows.append(BudgetRow(f"state pools ({limits.max_seqs} slots)", limits.max_seqs * per_slot, 0,
+                            ("max_seqs",)))
     b.rows.append(BudgetRow(f"verify stash ({limits.max_verify_tokens} tokens)", limits.max_verify_tokens * per_slot,
-                            0, "max_draft (x max_seqs)"))
-    b.rows.append(BudgetRow(f"prefill capture ({limits.max_seqs} rows)", limits.max_seqs * per_slot, 0, "max_seqs"))
+                            0, ("max_seqs", "max_draft")))
+    b.rows.append(BudgetRow(f"prefill capture ({limits.max_seqs} rows)", limits.max_seqs * per_slot, 0,
+                            ("max_seqs",)))
     b.rows.append(BudgetRow(f"prefill activations ({limits.max_prefill_tokens} tokens)",
-                            limits.max_prefill_tokens * per_tok, 0, "max_prefill_tokens"))
+                            limits.max_prefill_tokens * per_tok, 0, ("max_prefill_tokens",)))
     if graphs:
         toks = sum(limits.buckets())
         io = toks * (cfg.stream_dim * 3 + cfg.hidden_size) * a + toks * 8
         b.rows.append(BudgetRow(f"decode graphs (buckets {list(limits.buckets())})", io + toks * per_tok, 0,
-                                "graph_buckets (or max_seqs)"))
+                                ("graph_buckets",) if limits.graph_buckets else ("max_seqs",)))
     ple = [i for i in cfg.gdn_layer_ids if cfg.has_ple(i)]
     if ple:
         row = cfg.ple_embed_dim * a
         staging = len(ple) * limits.max_step_tokens * row
         b.rows.append(BudgetRow(f"PLE staging ({len(ple)} layers x {limits.max_step_tokens} tokens)", staging,
-                                staging, "max_prefill_tokens"))
+                                staging, ("max_prefill_tokens",)))
         b.rows.append(BudgetRow(f"PLE host row cache ({limits.ple_cache_rows} rows/layer)", 0,
-                                len(ple) * limits.ple_cache_rows * cfg.ple_head_dim * a, "ple_cache_rows"))
+                                len(ple) * limits.ple_cache_rows * cfg.ple_head_dim * a, ("ple_cache_rows",)))
     return b
 
 
