@@ -154,6 +154,7 @@ def weight_bytes(cfg: GdnConfig, act_dtype: str) -> int:
         n += (hc * (2 if cfg.has_mlp(i) else 1)) if cfg.is_hc else 0
         if cfg.has_ple(i):
             n += (nC + C) * cfg.ple_embed_dim + 3 * nC + nC * cfg.ple_conv_kernel_size
+            total += (cfg.ngram_size + 2 * cfg.ple_heads) * 8  # int64 hash constants
         total += n * a + 2 * HV * 4
     return total
 

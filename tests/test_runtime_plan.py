@@ -1,0 +1,87 @@
+"""Memory planner: its sizes agree with what a session really allocates, the budget check names the knob, and the
+`gdn-trt plan` command prints the table and exits 1 when the budget does not fit."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from gdn_trt.model.config import preset
+from gdn_trt.runtime import plan as P
+
+from .test_runtime_support import HC_PLE, LIMITS, PLAIN, open_session
+
+
+def _bytes(ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+@pytest.mark.parametrize("name", [PLAIN, HC_PLE])
+def test_plan_matches_what_a_session_allocates(name):
+    s = open_session(name)
+    b = P.plan(s.cfg, LIMITS, "float32", graphs=False)
+    rows = {r.item.split(" (")[0]: r for r in b.rows}
+    pools = _bytes(t for st in s.pool.layers.values() for t in st.tensors())
+    stash = _bytes(t for st in s.stack.buffers.stash.values() for t in (st.conv, st.ssm, st.ple_conv))
+    capture = _bytes(t for st in s.stack.buffers.capture.values() for t in st.tensors())
+    weights = _bytes(t for c in s.selector.engines for t in c[0].layer.buffers())
+    assert rows["state pools"].device == pools
+    assert rows["verify stash"].device == stash
+    assert rows["prefill capture"].device == capture
+    assert rows["weights"].device == weights
+    if s.feeds is not None:
+        staged = _bytes(p.ple_rows for p in s.feeds.stages.values())
+        assert rows["PLE staging"].device == staged
+
+
+def test_limits_validate_and_buckets():
+    assert P.RuntimeLimits(max_seqs=6).buckets() == (1, 2, 4, 6)
+    assert P.RuntimeLimits(max_seqs=8, graph_buckets=(8, 2)).buckets() == (2, 8)
+    with pytest.raises(ValueError, match="max_draft"):
+        P.RuntimeLimits(max_draft=0)
+    with pytest.raises(ValueError, match="outside 1..max_seqs"):
+        P.RuntimeLimits(max_seqs=4, graph_buckets=(8,))
+
+
+def test_check_names_the_knob():
+    b = P.plan(preset("qwen3-next-80b-a3b"), P.RuntimeLimits(max_seqs=256, max_prefill_tokens=1024), "bfloat16",
+               graphs=True)
+    b.check(b.device_total, "exact")
+    with pytest.raises(P.BudgetError, match=r"lower max_seqs \(it scales"):
+        b.check(80 * P.GiB, "an 80 GiB device")
+    b = P.plan(preset("qwen3-next-80b-a3b"), P.RuntimeLimits(max_seqs=1, max_prefill_tokens=1 << 20), "bfloat16",
+               graphs=False)
+    with pytest.raises(P.BudgetError, match="lower max_prefill_tokens"):
+        b.check(80 * P.GiB, "an 80 GiB device")
+
+
+def test_parse_bytes():
+    assert P.parse_bytes("80GiB") == 80 * P.GiB
+    assert P.parse_bytes("1.5e9") == 1_500_000_000
+    assert P.parse_bytes("512 MiB") == 512 << 20
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    P.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_plan_command(capsys):
+    assert _cli(["plan", "--preset", "qwen4-exp", "--max-seqs", "32", "--device-memory", "141GiB"]) == 0
+    out = capsys.readouterr().out
+    for item in ("state pools (32 slots)", "verify stash (128 tokens)", "PLE staging", "decode graphs", "fits in"):
+        assert item in out
+    assert _cli(["plan", "--preset", "qwen3-next-80b-a3b", "--max-seqs", "1024", "--device-memory", "80GiB"]) == 1
+    assert "lower max_seqs" in capsys.readouterr().out
+
+
+def test_act_dtype_halves_the_conv_state():
+    cfg = preset("qwen3-next-80b-a3b")
+    f32, bf16 = P.slot_bytes(cfg, "float32"), P.slot_bytes(cfg, "bfloat16")
+    conv = len(cfg.gdn_layer_ids) * cfg.conv_state_shape[0] * cfg.conv_state_shape[1]
+    assert f32 - bf16 == conv * 2  # the recurrent state stays fp32 whatever the activations
+    assert torch.float32.itemsize == 4
