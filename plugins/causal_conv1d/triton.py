@@ -1,0 +1,240 @@
+"""Triton kernels of the depthwise causal conv with state: same names, arguments and semantics as `naive.py`.
+
+Per sequence the conv reads the buffer [hist | x]: hist = conv_pool[slot] [D, n] (n = (W-1)*dilation pre-conv
+inputs, oldest first), then the sequence's tokens. Buffer column b is hist[:, b] for b < n and x[bos + b - n]
+after; token i (0-based in its sequence) sees taps b = n + i - (W-1-j)*dilation, j = 0..W-1, and the window after
+i tokens is columns [i, i + n).
+
+- `update` / `update_stash` (decode, verify): `conv_update_kernel`, one program per (channel tile, sequence),
+  a loop over the sequence's few tokens; the window after each token goes to the stash, or the last window to
+  the pool (after a barrier: the pool row is also read as history).
+- `prefill`: `conv_chunk_kernel` computes y for 64-token chunks of every sequence in parallel (grid sized from
+  shapes; each program finds its sequence by a prefix sum over cu_seqlens), then `conv_state_kernel` writes the
+  capture window and the final window. Two launches because the final window overwrites the history that the
+  first chunk of the same sequence reads.
+
+Arithmetic in fp32, y in the activation dtype. x may be a strided view (a column slice of the projection); its
+row stride is passed to the kernels. Every launch is CUDA-graph safe (no host reads of tensor data, allocations
+sized from shapes only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..packing import Capture, Packing
+from ..spec import Activation
+from .io import ConvParams
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Launch parameters (bench/kernels.py sweeps them on the H200)."""
+
+    update_bd: int = 256
+    update_warps: int = 4
+    chunk_bt: int = 64
+    chunk_bd: int = 128
+    chunk_warps: int = 4
+
+
+TUNING = Tuning()
+
+
+@triton.jit
+def load_taps(x, pool_row, o_d, m_d, b_pos, bos, s_xt, STATE_LEN: tl.constexpr):
+    """Buffer columns b_pos (any shape broadcast against o_d) as fp32: hist for b < n, x rows after."""
+    b_pos = b_pos + tl.zeros_like(o_d)  # broadcast a scalar position first (the interpreter needs a vector mask)
+    m_hist = m_d & (b_pos < STATE_LEN)
+    m_x = m_d & (b_pos >= STATE_LEN)
+    b_h = tl.load(pool_row + o_d * STATE_LEN + b_pos, mask=m_hist, other=0.0)
+    b_x = tl.load(x + (bos + b_pos - STATE_LEN) * s_xt + o_d, mask=m_x, other=0.0)
+    return b_h.to(tl.float32) + b_x.to(tl.float32)
+
+
+@triton.jit
+def conv_taps(x, weight, pool_row, o_d, m_d, m, b_i, bos, s_xt, s_wd,
+              W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr):
+    """y at sequence-local positions b_i (broadcast against channels o_d, mask m; m_d masks the channels only):
+    act(sum_j w[:, j] x[i - (W-1-j) dil])."""
+    b_y = tl.load(weight + o_d * s_wd, mask=m_d, other=0.0).to(tl.float32) * load_taps(
+        x, pool_row, o_d, m, STATE_LEN + b_i - (W - 1) * DIL, bos, s_xt, STATE_LEN)
+    for j in tl.static_range(1, W):
+        b_w = tl.load(weight + o_d * s_wd + j, mask=m_d, other=0.0).to(tl.float32)
+        b_y += b_w * load_taps(x, pool_row, o_d, m, STATE_LEN + b_i - (W - 1 - j) * DIL, bos, s_xt, STATE_LEN)
+    if ACT == 1:
+        b_y = b_y * tl.sigmoid(b_y)
+    return b_y
+
+
+@triton.jit
+def conv_update_kernel(
+    x, weight, y, pool, stash,  # x [T, D] (row stride s_xt); weight [D, W]; y [T, D]; pool [S, D, n]; stash [T, D, n]
+    cu_seqlens, slots, s_xt, s_wd,
+    D: tl.constexpr, W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr,
+    BD: tl.constexpr, BS: tl.constexpr, STASH: tl.constexpr,
+):
+    i_d, i_n = tl.program_id(0), tl.program_id(1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    slot = tl.load(slots + i_n).to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    if slot < 0:
+        for t in range(bos, eos):
+            tl.store(y + t * D + o_d, tl.zeros([BD], dtype=y.dtype.element_ty), mask=m_d)
+        return
+    pool_row = pool + slot * D * STATE_LEN
+    o_s = tl.arange(0, BS)
+    m_ds = m_d[:, None] & (o_s < STATE_LEN)[None, :]
+    o_ds = o_d[:, None] * STATE_LEN + o_s[None, :]
+    for t in range(bos, eos):
+        b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, t - bos, bos, s_xt, s_wd, W, DIL, STATE_LEN, ACT)
+        tl.store(y + t * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
+        if STASH:
+            b_win = load_taps(x, pool_row, o_d[:, None], m_ds, (t - bos + 1) + o_s[None, :], bos, s_xt, STATE_LEN)
+            tl.store(stash + t * D * STATE_LEN + o_ds, b_win.to(stash.dtype.element_ty), mask=m_ds)
+    if not STASH:
+        if eos > bos:
+            b_win = load_taps(x, pool_row, o_d[:, None], m_ds, (eos - bos) + o_s[None, :], bos, s_xt, STATE_LEN)
+            tl.debug_barrier()  # every read of the history row precedes its overwrite
+            tl.store(pool_row + o_ds, b_win.to(pool.dtype.element_ty), mask=m_ds)
+
+
+@triton.jit
+def conv_chunk_kernel(
+    x, weight, y, pool, cu_seqlens, slots, N, s_xt, s_wd,
+    D: tl.constexpr, W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr,
+    BD: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+):
+    i_d, i_c = tl.program_id(0), tl.program_id(1)
+    # chunk i_c -> (sequence, chunk in sequence) by a prefix sum of per-sequence chunk counts
+    o_n = tl.arange(0, BN)
+    m_n = o_n < N
+    b_bos = tl.load(cu_seqlens + o_n, mask=m_n, other=0)
+    b_cnt = (tl.load(cu_seqlens + o_n + 1, mask=m_n, other=0) - b_bos + BT - 1) // BT
+    b_end = tl.cumsum(b_cnt, 0)
+    i_n = tl.sum((b_end <= i_c).to(tl.int32), 0)
+    if i_n >= N:
+        return
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    slot = tl.load(slots + i_n).to(tl.int64)
+    i_t0 = (i_c - tl.sum(tl.where(o_n == i_n, b_end - b_cnt, 0), 0)).to(tl.int64) * BT
+
+    o_i = i_t0 + tl.arange(0, BT)  # sequence-local token positions
+    m_t = o_i < eos - bos
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    m_y = m_t[:, None] & m_d[None, :]
+    p_y = y + (bos + o_i)[:, None] * D + o_d[None, :]
+    if slot < 0:
+        tl.store(p_y, tl.zeros([BT, BD], dtype=y.dtype.element_ty), mask=m_y)
+        return
+    b_y = conv_taps(x, weight, pool + slot * D * STATE_LEN, o_d[None, :], m_d[None, :], m_y, o_i[:, None], bos,
+                    s_xt, s_wd, W, DIL, STATE_LEN, ACT)
+    tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_y)
+
+
+@triton.jit
+def conv_state_kernel(
+    x, pool, cap, cu_seqlens, slots, capture_at, s_xt,
+    D: tl.constexpr, STATE_LEN: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr,
+):
+    i_d, i_n = tl.program_id(0), tl.program_id(1)
+    slot = tl.load(slots + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    length = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    c_at = tl.load(capture_at + i_n).to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    o_s = tl.arange(0, BS)
+    m_ds = (o_d < D)[:, None] & (o_s < STATE_LEN)[None, :]
+    o_ds = o_d[:, None] * STATE_LEN + o_s[None, :]
+    pool_row = pool + slot * D * STATE_LEN
+    if c_at >= 0:
+        b_win = load_taps(x, pool_row, o_d[:, None], m_ds, c_at + o_s[None, :], bos, s_xt, STATE_LEN)
+        tl.store(cap + i_n * D * STATE_LEN + o_ds, b_win.to(cap.dtype.element_ty), mask=m_ds)
+    if length > 0:
+        b_win = load_taps(x, pool_row, o_d[:, None], m_ds, length + o_s[None, :], bos, s_xt, STATE_LEN)
+        tl.debug_barrier()  # every read of the history row precedes its overwrite
+        tl.store(pool_row + o_ds, b_win.to(pool.dtype.element_ty), mask=m_ds)
+
+
+def _check(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor) -> Tensor:
+    conv.check(x, conv_pool)
+    pack.check_shapes(x.shape[0])
+    if not conv_pool.is_contiguous() or conv.weight.stride(1) != 1:
+        raise ValueError("conv_pool and the conv weight must be contiguous for the Triton kernels")
+    # a column slice of the projection has unit stride along D; anything else is copied once
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+def _meta(conv: ConvParams) -> dict:
+    return dict(D=conv.weight.shape[0], W=conv.width, DIL=conv.dilation, STATE_LEN=conv.state_len,
+                ACT=int(conv.activation == Activation.SILU))
+
+
+def _launch_update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, conv_stash: Tensor | None,
+                   tuning: Tuning) -> Tensor:
+    x = _check(x, conv, pack, conv_pool)
+    T, D = x.shape
+    y = torch.empty((T, D), dtype=x.dtype, device=x.device)
+    N = pack.num_seqs
+    if N == 0 or T == 0:
+        return y
+    BD = min(tuning.update_bd, triton.next_power_of_2(D))
+    conv_update_kernel[(triton.cdiv(D, BD), N)](
+        x, conv.weight, y, conv_pool, conv_pool if conv_stash is None else conv_stash, pack.cu_seqlens, pack.slots,
+        x.stride(0), conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len),
+        STASH=conv_stash is not None, num_warps=tuning.update_warps, **_meta(conv))
+    return y
+
+
+def update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor) -> Tensor:
+    """Decode modes: x [T, D] -> y [T, D]; the window after each sequence's last token goes to conv_pool[slot]."""
+    return _launch_update(x, conv, pack, conv_pool, None, TUNING)
+
+
+def update_stash(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, conv_stash: Tensor) -> Tensor:
+    """Verify modes: the pool is only read; the window after token t goes to conv_stash[t] [T, D, n]."""
+    if tuple(conv_stash.shape) != (x.shape[0], *conv.state_shape()) or not conv_stash.is_contiguous():
+        raise ValueError(f"conv_stash must be a contiguous [{x.shape[0]}, {conv.weight.shape[0]}, {conv.state_len}] "
+                         f"tensor, got {tuple(conv_stash.shape)}")
+    return _launch_update(x, conv, pack, conv_pool, conv_stash, TUNING)
+
+
+def prefill(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, capture: Capture) -> Tensor:
+    """Prefill modes: as `update`, and the window after capture.at[n] tokens goes to capture.buf[n]."""
+    return launch_prefill(x, conv, pack, conv_pool, capture, TUNING)
+
+
+def launch_prefill(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, capture: Capture,
+                   tuning: Tuning) -> Tensor:
+    x = _check(x, conv, pack, conv_pool)
+    capture.check(pack.num_seqs, conv.state_shape())
+    if not capture.buf.is_contiguous():
+        raise ValueError("the conv capture buffer must be contiguous for the Triton kernels")
+    T, D = x.shape
+    N = pack.num_seqs
+    y = torch.empty((T, D), dtype=x.dtype, device=x.device)
+    if N == 0:
+        return y
+    meta = _meta(conv)
+    if T > 0:
+        BD, BT = min(tuning.chunk_bd, triton.next_power_of_2(D)), tuning.chunk_bt
+        conv_chunk_kernel[(triton.cdiv(D, BD), triton.cdiv(T, BT) + N)](
+            x, conv.weight, y, conv_pool, pack.cu_seqlens, pack.slots, N, x.stride(0), conv.weight.stride(0),
+            BD=BD, BT=BT, BN=max(2, triton.next_power_of_2(N)), num_warps=tuning.chunk_warps, **meta)
+    BD = min(tuning.update_bd, triton.next_power_of_2(D))
+    conv_state_kernel[(triton.cdiv(D, BD), N)](
+        x, conv_pool, capture.buf, pack.cu_seqlens, pack.slots, capture.at, x.stride(0),
+        D=D, STATE_LEN=conv.state_len, BD=BD, BS=triton.next_power_of_2(conv.state_len),
+        num_warps=tuning.update_warps)
+    return y

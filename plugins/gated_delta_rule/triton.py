@@ -1,0 +1,144 @@
+"""Triton entry points of the gated delta rule: same names, arguments and semantics as `naive.py`.
+
+`recurrent` / `recurrent_stash` run `triton_recurrent.gdn_recurrent_kernel` (one launch); `chunked` runs the three
+passes of `triton_chunked`. All of them are CUDA-graph safe: they read no tensor data on the host (only shape and
+dtype checks), allocate only buffers sized from shapes, and launch on the current stream. q, k, v, a, b may be
+strided views (column slices of one projection): the kernels take their row and head strides; only a last
+dimension that is not contiguous is copied first (`_unit_stride`, never the case for projection slices).
+
+Activations in bf16/fp16 use tensor-core dots on operands of that dtype (FLA's precision choices,
+reference/gdn.md §5.4); fp32 activations run every dot in IEEE fp32, so fp32 results match the float64
+reference to ~1e-6.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from torch import Tensor
+
+from ..packing import Capture, Packing
+from .io import GdnInputs
+from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_prep_kernel, gdn_chunk_state_kernel
+from .triton_recurrent import gdn_recurrent_kernel
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Launch parameters (chosen by the sweep in bench/kernels.py on the H200; see bench/README.md)."""
+
+    rec_bv: int = 32  # V-tile of the recurrent kernel: NV = V / rec_bv programs per (sequence, head)
+    rec_warps: int = 4
+    prep_warps: int = 4
+    state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
+    state_warps: int = 4
+    state_stages: int = 2
+    out_bv: int = 64
+    out_warps: int = 4
+
+
+TUNING = Tuning()
+
+_DOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _unit_stride(t: Tensor) -> Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _operands(x: GdnInputs) -> tuple[Tensor, ...]:
+    return tuple(_unit_stride(t) for t in (x.q, x.k, x.v, x.a, x.b))
+
+
+def _check_fp32(name: str, t: Tensor) -> None:
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous fp32 tensor for the Triton kernels, got {t.dtype} "
+                         f"(contiguous={t.is_contiguous()})")
+
+
+def _check(x: GdnInputs, pack: Packing, ssm_pool: Tensor) -> None:
+    x.check(pack, ssm_pool)
+    _check_fp32("ssm_pool", ssm_pool)
+    if x.q.dtype not in _DOT_DTYPES:
+        raise ValueError(f"the Triton kernels take fp32, bf16 or fp16 activations, got {x.q.dtype}")
+
+
+def recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor) -> Tensor:
+    """DECODE / DECODE_MULTI_SEQ: returns o [T, HV, V]; ssm_pool[slot] updated in place."""
+    return launch_recurrent(x, pack, ssm_pool, None, TUNING)
+
+
+def recurrent_stash(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: Tensor) -> Tensor:
+    """DECODE_BATCHED / VERIFY_MULTI: pool read only; state after token t written to ssm_stash[t]."""
+    if tuple(ssm_stash.shape) != (x.num_tokens, *x.state_shape):
+        raise ValueError(f"ssm_stash must be [{x.num_tokens}, {', '.join(map(str, x.state_shape))}], "
+                         f"got {tuple(ssm_stash.shape)}")
+    _check_fp32("ssm_stash", ssm_stash)
+    return launch_recurrent(x, pack, ssm_pool, ssm_stash, TUNING)
+
+
+def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: Tensor | None,
+                     tuning: Tuning) -> Tensor:
+    _check(x, pack, ssm_pool)
+    q, k, v, a, b = _operands(x)
+    T, H, K = q.shape
+    HV, V = v.shape[1:]
+    N = pack.num_seqs
+    o = torch.empty((T, HV, V), dtype=q.dtype, device=q.device)
+    BV = min(tuning.rec_bv, triton.next_power_of_2(V))
+    if N == 0 or T == 0:
+        return o
+    gdn_recurrent_kernel[(triton.cdiv(V, BV), HV, N)](
+        q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, ssm_pool if ssm_stash is None else ssm_stash,
+        pack.cu_seqlens, pack.slots,
+        *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
+        H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, STASH=ssm_stash is not None,
+        num_warps=tuning.rec_warps,
+    )
+    return o
+
+
+def chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Capture) -> Tensor:
+    """PREFILL / PREFILL_VARLEN: returns o; ssm_pool[slot] <- final state, capture.buf[n] <- state after
+    capture.at[n] tokens (rows with capture.at[n] = -1 untouched)."""
+    return launch_chunked(x, pack, ssm_pool, capture, TUNING)
+
+
+def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Capture, tuning: Tuning) -> Tensor:
+    _check(x, pack, ssm_pool)
+    capture.check(pack.num_seqs, x.state_shape)
+    _check_fp32("ssm_capture", capture.buf)
+    q, k, v, a, b = _operands(x)
+    T, H, K = q.shape
+    HV, V = v.shape[1:]
+    N = pack.num_seqs
+    dt, dev = q.dtype, q.device
+    prec = "ieee" if dt == torch.float32 else "tf32"
+    n_chunks = triton.cdiv(T, BT) + 2 * N  # >= sum over sequences of chunks, the capture cut included
+    BK, BN = max(16, triton.next_power_of_2(K)), max(2, triton.next_power_of_2(N))
+    o = torch.empty((T, HV, V), dtype=dt, device=dev)
+    if N == 0:
+        return o
+    w = torch.empty((T, HV, K), dtype=dt, device=dev)
+    u = torch.empty((T, HV, V), dtype=dt, device=dev)
+    v_new = torch.empty_like(u)
+    gam = torch.empty((T, HV), dtype=torch.float32, device=dev)
+    h = torch.empty((n_chunks, HV, K, V), dtype=dt, device=dev)
+    meta = dict(H=H, HV=HV, K=K, V=V, BK=BK, BN=BN, BT=BT, PREC=prec)
+    if T > 0:
+        gdn_chunk_prep_kernel[(n_chunks, HV)](
+            k, v, a, b, x.A_log, x.dt_bias, w, u, gam, pack.cu_seqlens, pack.slots, capture.at, N,
+            *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(),
+            BV=min(64, max(16, triton.next_power_of_2(V))), BC=BC, num_warps=tuning.prep_warps, **meta)
+    BVs = min(tuning.state_bv, max(16, triton.next_power_of_2(V)))
+    gdn_chunk_state_kernel[(triton.cdiv(V, BVs), HV, N)](
+        k, w, u, gam, h, v_new, ssm_pool, capture.buf, pack.cu_seqlens, pack.slots, capture.at, N,
+        *k.stride()[:2], BV=BVs, num_warps=tuning.state_warps, num_stages=tuning.state_stages, **meta)
+    if T > 0:
+        BVo = min(tuning.out_bv, max(16, triton.next_power_of_2(V)))
+        gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, HV)](
+            q, k, gam, h, v_new, o, pack.cu_seqlens, pack.slots, capture.at, N,
+            *q.stride()[:2], *k.stride()[:2], K ** -0.5, BV=BVo, num_warps=tuning.out_warps, **meta)
+    return o
