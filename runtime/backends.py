@@ -100,8 +100,8 @@ def trt_unavailable(device: torch.device, engines_dir: str | None) -> str | None
     return None
 
 
-def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None, device: torch.device
-                  ) -> list[list[Engine]]:
+def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None, device: torch.device,
+                  pool_rows: int) -> list[list[Engine]]:
     """Per layer, the candidate engines in preference order. 'torch': the PyTorch modes; 'trt': the plans of
     `engines_dir` only (an error when TensorRT cannot serve); 'auto': the plans when TensorRT can serve, with the
     PyTorch modes behind them for what the plans' profiles do not cover (each such choice is logged)."""
@@ -118,7 +118,8 @@ def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None,
         return torch_engines
     from .trt import load_trt_engines  # imports tensorrt
 
-    trt_engines = load_trt_engines(layers[0].cfg, [layer.index for layer in layers], engines_dir, device)
+    act = str(layers[0].dtype).replace("torch.", "")
+    trt_engines = load_trt_engines(layers[0].cfg, engines_dir, device, act, pool_rows)
     if backend == "trt":
         return [[e] for e in trt_engines]
     log.info("backend auto -> trt from %s (torch-%s behind it for steps the profiles do not cover)",

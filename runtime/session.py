@@ -130,7 +130,7 @@ class Session:
         budget = plan(cfg, options.limits, str(dtype).replace("torch.", ""), options.graphs and dev.type == "cuda")
         budget.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
         layers = [GdnLayer(cfg, lw, dtype).to(dev) for lw in ckpt.layers]
-        engines = build_engines(backend, layers, engines_dir, dev)
+        engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs)
         feeds = PleFeeds(cfg, ckpt.ple_tables, options.limits, dev) if cfg.ple_layer_ids else None
         sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype), options)
         sess._tmp = tmp
