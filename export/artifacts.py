@@ -1,0 +1,157 @@
+"""Exported model folders: every (layer, mode) graph of a checkpoint, and the manifest that lists them.
+
+Layout (`<out>/<model>/`): `layer<i>/<mode>[+hc][+ple].onnx` (+ `.onnx.data` weights) per GDN layer and mode, and
+`manifest.json` with the checkpoint path, config hash, limits, tool versions and, per graph, its GraphSpec, node
+counts, size and sha256. `gdn-trt build` and `gdn-trt compare` read the manifest; the runtime may too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import onnx
+import torch
+
+from ..model.checkpoint import Checkpoint
+from ..model.layer import GdnLayer
+from ..plugins.spec import NAMESPACE
+from .modes import LayerMode
+from .onnx_export import export_graph
+from .spec import GraphSpec, Limits, Variant, graph_spec
+
+MANIFEST = "manifest.json"
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """What to export from one checkpoint."""
+
+    modes: tuple[LayerMode, ...] = tuple(LayerMode)
+    layers: str = "all"  # "all", "variants" (first GDN layer of each variant) or comma-separated indices
+    dtype: str | None = None  # activation dtype; None = the checkpoint's
+    limits: Limits = Limits()
+
+    def layer_ids(self, ck: Checkpoint) -> list[int]:
+        ids = list(ck.config.gdn_layer_ids)
+        if self.layers == "all":
+            return ids
+        if self.layers == "variants":
+            seen: dict[Variant, int] = {}
+            for i in ids:
+                seen.setdefault(Variant.of(ck.config, i), i)
+            return sorted(seen.values())
+        want = [int(s) for s in self.layers.split(",") if s.strip()]
+        bad = [i for i in want if i not in ids]
+        if bad:
+            raise ValueError(f"layers {bad} are not GDN layers of {ck.config.name}; GDN layers: {ids}")
+        return want
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    """One exported graph as listed in the manifest (paths relative to the model folder)."""
+
+    spec: GraphSpec
+    path: str
+    nodes: int
+    custom_nodes: int
+    bytes: int
+    sha256: str
+
+    def summary(self) -> str:
+        s = self.spec
+        return (f"layer {s.layer_idx} {s.stem}: {len(s.inputs)} inputs, {len(s.outputs)} outputs, {self.nodes} nodes "
+                f"({self.custom_nodes} {NAMESPACE}), {self.bytes / 1e6:.2f} MB -> {self.path}")
+
+    def to_json(self) -> dict:
+        return {"layer": self.spec.layer_idx, "mode": self.spec.mode.value, "variant": self.spec.variant.value,
+                "path": self.path, "nodes": self.nodes, "custom_nodes": self.custom_nodes, "bytes": self.bytes,
+                "sha256": self.sha256, "graph_spec": self.spec.to_json()}
+
+    @staticmethod
+    def from_json(d: dict) -> "GraphRecord":
+        return GraphRecord(GraphSpec.from_json(d["graph_spec"]), d["path"], d["nodes"], d["custom_nodes"],
+                           d["bytes"], d["sha256"])
+
+
+def _record(spec: GraphSpec, path: Path, root: Path) -> GraphRecord:
+    model = onnx.load(str(path), load_external_data=False)
+    files = [path, path.with_name(path.name + ".data")]
+    h = hashlib.sha256()
+    for f in files:
+        if f.exists():
+            h.update(f.read_bytes())
+    return GraphRecord(spec, str(path.relative_to(root)), len(model.graph.node),
+                       sum(n.domain == NAMESPACE for n in model.graph.node),
+                       sum(f.stat().st_size for f in files if f.exists()), h.hexdigest())
+
+
+def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
+                      progress: Callable[[GraphRecord], None] | None = None) -> Path:
+    """Export every planned (layer, mode) of `ck` under `<out>/<model>/`; write and return the manifest path.
+    `progress(record)` is called after each graph."""
+    cfg = ck.config
+    dtype = plan.dtype or cfg.dtype
+    root = Path(out) / cfg.name
+    by_index = {lw.index: lw for lw in ck.layers}
+    records = []
+    for i in plan.layer_ids(ck):
+        layer = GdnLayer(cfg, by_index[i], _TORCH_DTYPES[dtype]).eval()
+        for mode in plan.modes:
+            spec = graph_spec(cfg, i, mode, plan.limits, dtype)
+            path = export_graph(layer, spec, root / f"layer{i}" / f"{spec.stem}.onnx")
+            rec = _record(spec, path, root)
+            records.append(rec)
+            if progress:
+                progress(rec)
+    manifest = {
+        "model": cfg.name, "config_hash": cfg.config_hash(), "checkpoint": str(ck.path) if ck.path else None,
+        "dtype": dtype, "limits": GraphSpec.to_json(records[0].spec)["limits"] if records else None,
+        "versions": {"torch": torch.__version__, "onnx": onnx.__version__},
+        "graphs": [r.to_json() for r in records],
+    }
+    path = root / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2))
+    return path
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A model folder read back: its JSON and the graph records."""
+
+    path: Path
+    data: dict
+    graphs: tuple[GraphRecord, ...]
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    @staticmethod
+    def load(path: str | Path) -> "Manifest":
+        p = Path(path)
+        if p.is_dir():
+            p = p / MANIFEST
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no export manifest (run `gdn-trt export` first)")
+        data = json.loads(p.read_text())
+        return Manifest(p, data, tuple(GraphRecord.from_json(g) for g in data["graphs"]))
+
+    @staticmethod
+    def find(path: str | Path) -> list["Manifest"]:
+        """The manifest of a model folder, or those of every model folder directly under `path`."""
+        p = Path(path)
+        if (p / MANIFEST).exists():
+            return [Manifest.load(p)]
+        found = sorted(p.glob(f"*/{MANIFEST}"))
+        if not found:
+            raise FileNotFoundError(f"{p}: no {MANIFEST} here or in its subfolders (run `gdn-trt export` first)")
+        return [Manifest.load(f) for f in found]
+
+    def select(self, modes: tuple[LayerMode, ...] | None = None) -> list[GraphRecord]:
+        return [g for g in self.graphs if modes is None or g.spec.mode in modes]

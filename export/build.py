@@ -1,0 +1,130 @@
+"""`gdn-trt build`: TensorRT plans from the exported graphs, through Polygraphy's loaders.
+
+Per graph of an export manifest: `NetworkFromOnnxPath` (strongly typed: precision comes from the ONNX dtypes),
+`CreateConfig` with one optimization profile per GraphSpec bucket and the `ALIASED_PLUGIN_IO_10_03` preview
+feature (pool, stash and capture outputs are aliased plugin outputs), `EngineFromNetwork`, `SaveEngine`. Before
+parsing, the plugin modules are imported (they register the `gdn_trt` creators) and a pre-flight check names every
+custom node whose creator is missing: TensorRT would otherwise inline the function body silently. `--no-plugins`
+asks for exactly that plugin-free build instead. Output per graph: `<out>/<model>/layer<i>/<stem>.plan` and a JSON
+manifest beside it (config hash, GraphSpec, TensorRT and plugin versions, GPU). Without TensorRT it raises
+`TrtUnavailable` with the install instructions; nothing pretends to build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from ..plugins.spec import NAMESPACE, OPS_BY_NAME, PLUGIN_VERSION
+from .artifacts import GraphRecord, Manifest
+from .spec import GraphSpec
+
+MIN_TRT = (10, 8)
+PLUGIN_MODULES = ("gdn_trt.plugins.gated_delta_rule.trt", "gdn_trt.plugins.causal_conv1d.trt")
+INSTALL = ("TensorRT >= 10.8 with its Python bindings is needed (a Linux machine with an NVIDIA GPU and driver): "
+           "pip install 'gdn-trt[trt]' (or pip install 'tensorrt>=10.8' from NVIDIA's package index); the exact "
+           "steps are in docs/tensorrt.md")
+
+
+class TrtUnavailable(RuntimeError):
+    """TensorRT (or a new enough one) cannot be imported here."""
+
+
+def import_tensorrt():
+    try:
+        import tensorrt as trt
+    except ImportError as e:
+        raise TrtUnavailable(f"`import tensorrt` failed ({e}). {INSTALL}") from e
+    version = tuple(int(x) for x in trt.__version__.split(".")[:2])
+    if version < MIN_TRT:
+        raise TrtUnavailable(f"TensorRT {trt.__version__} is too old: aliased plugin I/O and the plugin-over-"
+                             f"local-function rule need >= {'.'.join(map(str, MIN_TRT))}. {INSTALL}")
+    return trt
+
+
+def load_plugins() -> list:
+    """Import the plugin modules: their `tensorrt.plugin` decorators register the `gdn_trt` creators."""
+    return [importlib.import_module(m) for m in PLUGIN_MODULES]
+
+
+def custom_nodes(onnx_path: Path) -> list[str]:
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return sorted({n.op_type for n in model.graph.node if n.domain == NAMESPACE})
+
+
+def preflight(onnx_path: Path) -> dict[str, bool]:
+    """op -> whether TensorRT's registry resolves it (name, version, namespace) to a creator; raises naming the
+    unresolved ones, which the parser would replace by their function bodies without a word."""
+    trt = import_tensorrt()
+    reg = trt.get_plugin_registry()
+    found = {op: reg.get_creator(op, PLUGIN_VERSION, NAMESPACE) is not None for op in custom_nodes(onnx_path)}
+    missing = [op for op, ok in found.items() if not ok or op not in OPS_BY_NAME]
+    if missing:
+        raise RuntimeError(f"{onnx_path}: no TensorRT plugin creator for {missing} in namespace {NAMESPACE!r} "
+                           f"version {PLUGIN_VERSION!r}; were {PLUGIN_MODULES} imported? (--no-plugins builds the "
+                           "function bodies instead)")
+    return found
+
+
+def profiles(spec: GraphSpec) -> list:
+    from polygraphy.backend.trt import Profile
+
+    out = []
+    for i in range(len(spec.buckets)):
+        p = Profile()
+        for name, (mn, opt, mx) in spec.profile(i).items():
+            p.add(name, min=mn, opt=opt, max=mx)
+        out.append(p)
+    return out
+
+
+def engine_loader(spec: GraphSpec, onnx_path: Path, plugins: bool = True):
+    """A Polygraphy engine loader for one graph (nothing runs until it is called)."""
+    trt = import_tensorrt()
+    from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromOnnxPath
+
+    if plugins:
+        load_plugins()
+        preflight(onnx_path)
+    config = CreateConfig(profiles=profiles(spec), preview_features=[trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03])
+    return EngineFromNetwork(NetworkFromOnnxPath(str(onnx_path), strongly_typed=True), config=config)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    out: Path
+    plugins: bool = True
+
+
+def _gpu() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"name": None, "compute_capability": None}
+    return {"name": torch.cuda.get_device_name(0), "compute_capability": list(torch.cuda.get_device_capability(0))}
+
+
+def build_graph(manifest: Manifest, rec: GraphRecord, opts: BuildOptions) -> Path:
+    """Build and save one plan and its JSON manifest; returns the plan path."""
+    trt = import_tensorrt()
+    from polygraphy.backend.trt import SaveEngine
+
+    onnx_path = manifest.root / rec.path
+    plan = opts.out / manifest.data["model"] / Path(rec.path).with_suffix(".plan")
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    SaveEngine(engine_loader(rec.spec, onnx_path, opts.plugins), path=str(plan))()
+    meta = {
+        "model": manifest.data["model"], "config_hash": rec.spec.config_hash, "graph_spec": rec.spec.to_json(),
+        "onnx": rec.path, "onnx_sha256": rec.sha256, "tensorrt": trt.__version__,
+        "plugins": ({op: {"namespace": NAMESPACE, "version": PLUGIN_VERSION} for op in custom_nodes(onnx_path)}
+                    if opts.plugins else "none (function bodies inlined)"),
+        "preview_features": ["ALIASED_PLUGIN_IO_10_03"], "gpu": _gpu(),
+        "plan_sha256": hashlib.sha256(plan.read_bytes()).hexdigest(), "plan_bytes": plan.stat().st_size,
+    }
+    plan.with_suffix(".json").write_text(json.dumps(meta, indent=2))
+    return plan

@@ -1,0 +1,133 @@
+"""`gdn-trt compare`: the same inputs through torch, ONNX Runtime and TensorRT with Polygraphy's `Comparator`.
+
+Per exported graph: the GraphSpec-aware inputs of `data.py`, `Comparator.run` over the runners (torch first: it
+is the reference), `Comparator.compare_accuracy` with `RelRmsCompare` (every runner against torch, every output
+against its bound from `tolerances.py`), a JSON of every (runner pair, iteration, output) error and an error plot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from polygraphy.comparator import Comparator
+
+from ..model.checkpoint import load_checkpoint
+from ..model.layer import GdnLayer
+from .artifacts import GraphRecord, Manifest
+from .data import GraphData
+from .runners import TorchRunner, onnxrt_runner, trt_runner
+from .spec import GraphSpec
+from .tolerances import bound, errors, within
+
+BACKENDS = ("torch", "onnxrt", "trt")
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class RelRmsCompare:
+    """Polygraphy compare function: relative RMS error per output against the one tolerance table; keeps every
+    measurement in `records` for the JSON and the plot."""
+
+    def __init__(self, spec: GraphSpec):
+        self.spec = spec
+        self.records: list[dict] = []
+        self._iteration: dict[tuple[str, str], int] = {}
+
+    def __call__(self, ref, got) -> OrderedDict:
+        pair = (ref.runner_name, got.runner_name)
+        it = self._iteration.get(pair, 0)
+        self._iteration[pair] = it + 1
+        out = OrderedDict()
+        for name in self.spec.output_names:
+            tol = bound(self.spec, name)
+            a, b = ref[name], got[name]
+            if a.shape != b.shape:
+                rel, mx, ok = float("inf"), float("inf"), False
+            else:
+                rel, mx = errors(a, b)
+                ok = within(tol, rel, mx)
+            out[name] = ok
+            self.records.append({"pair": list(pair), "iteration": it, "output": name, "rel_rms": rel,
+                                 "max_abs": mx, "bound_rel_rms": tol.rel_rms, "floor": tol.floor, "passed": ok})
+        return out
+
+
+@dataclass
+class GraphResult:
+    record: GraphRecord
+    runners: list[str]
+    cases: list[dict]
+    records: list[dict] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.records) and all(r["passed"] for r in self.records)
+
+    def worst(self) -> dict:
+        return max(self.records, key=lambda r: r["rel_rms"] / r["bound_rel_rms"])
+
+    def summary(self) -> str:
+        s, w = self.record.spec, self.worst()
+        return (f"layer {s.layer_idx} {s.stem}: {' vs '.join(self.runners)}: {'PASS' if self.passed else 'FAIL'} "
+                f"(worst: {w['output']} rel RMS {w['rel_rms']:.2e}, bound {w['bound_rel_rms']:.0e}, "
+                f"max-abs {w['max_abs']:.2e}), {len(self.cases)} iterations")
+
+    def to_json(self) -> dict:
+        s = self.record.spec
+        return {"model": s.model, "layer": s.layer_idx, "mode": s.mode.value, "graph": s.stem,
+                "onnx": self.record.path, "runners": self.runners, "passed": self.passed, "cases": self.cases,
+                "records": self.records}
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    backends: tuple[str, ...] = ("torch", "onnxrt")
+    device: str = "cpu"  # torch runner
+    iterations: int = 2
+    engines: Path | None = None  # plans from `gdn-trt build`; None = build in memory from the ONNX file
+    out: Path | None = None  # JSON + PNG per graph
+
+
+def compare_graph(manifest: Manifest, rec: GraphRecord, layer: GdnLayer, opts: CompareOptions) -> GraphResult:
+    spec = rec.spec
+    data = GraphData(spec, opts.iterations)
+    runners = []
+    if "torch" in opts.backends:
+        runners.append(TorchRunner(layer, spec, opts.device))
+    if "onnxrt" in opts.backends:
+        runners.append(onnxrt_runner(manifest.root / rec.path))
+    if "trt" in opts.backends:
+        plan = None
+        if opts.engines is not None:
+            plan = opts.engines / spec.model / Path(rec.path).with_suffix(".plan")
+        bucket = spec.bucket_for({**data.cases[0].sizes(), "S": spec.limits.pool_slots})
+        runners.append(trt_runner(spec, manifest.root / rec.path, plan, bucket))
+    if len(runners) < 2:
+        raise ValueError(f"compare needs two backends or more, got {opts.backends}")
+    results = Comparator.run(runners, data_loader=list(data))
+    cmp = RelRmsCompare(spec)
+    Comparator.compare_accuracy(results, compare_func=cmp, comparisons=[(0, i) for i in range(1, len(runners))])
+    res = GraphResult(rec, [r.name for r in runners], [vars(c) for c in data.cases], cmp.records)
+    if opts.out is not None:
+        base = opts.out / spec.model / Path(rec.path).with_suffix("")
+        base.parent.mkdir(parents=True, exist_ok=True)
+        base.with_suffix(".json").write_text(json.dumps(res.to_json(), indent=2))
+        from .plot import error_plot
+
+        error_plot(res, base.with_suffix(".png"))
+    return res
+
+
+def layers_of(manifest: Manifest, dtype: str) -> dict[int, GdnLayer]:
+    """The exported checkpoint's layers, loaded again with the real loader."""
+    ck_path = manifest.data.get("checkpoint")
+    if not ck_path or not Path(ck_path).exists():
+        raise FileNotFoundError(f"{manifest.path}: checkpoint {ck_path!r} not found; the torch runner needs it")
+    ck = load_checkpoint(ck_path)
+    if ck.config.config_hash() != manifest.data["config_hash"]:
+        raise ValueError(f"{ck_path}: config hash {ck.config.config_hash()} differs from the export's "
+                         f"{manifest.data['config_hash']}")
+    return {lw.index: GdnLayer(ck.config, lw, _TORCH_DTYPES[dtype]).eval() for lw in ck.layers}

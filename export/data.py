@@ -1,0 +1,106 @@
+"""GraphSpec-aware inputs for comparisons: valid packings, distinct slots, random states.
+
+Each mode gets a fixed list of cases that exercise what its graph must get right: distinct pool slots drawn at
+random, a padding sequence (slot -1) where the mode has several sequences, a sequence with zero tokens (verify
+with no drafts, an empty prefill), capture points at 0, at a 64-token chunk boundary and none (-1), and prefills
+that cross a chunk boundary. Activations, pools, stashes and captures are random, so rows a graph must leave
+untouched are compared too. Every case must fit one of the spec's profile buckets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .modes import LayerMode
+from .spec import GraphSpec, Role
+
+_NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
+
+
+@dataclass(frozen=True)
+class Case:
+    """Token counts and pool slots of the sequences of one step (slot -1 = padding), and the capture points."""
+
+    lengths: tuple[int, ...]
+    slots: tuple[int, ...]
+    capture_at: tuple[int, ...] | None = None
+
+    def sizes(self) -> dict[str, int]:
+        return {"N": len(self.lengths), "T": sum(self.lengths)}
+
+
+def _fit(lengths: tuple[int, ...], budget: int) -> tuple[int, ...]:
+    """Shrink the longest sequences until all tokens (a padding sequence, -1, holds one) fit in `budget`."""
+    lens = list(lengths)
+    while sum(max(L, 1) if L < 0 else L for L in lens) > budget:
+        i = max(range(len(lens)), key=lambda j: lens[j])
+        lens[i] -= 1
+    return tuple(lens)
+
+
+def _cases(spec: GraphSpec) -> list[tuple[tuple[int, ...], tuple[int, ...] | None]]:
+    """(lengths, capture_at) per case; -1 in `lengths` marks a padding sequence (slot -1) of one token."""
+    lim, mode = spec.limits, spec.mode
+    n, K = min(3, lim.max_seqs), lim.max_draft
+    if mode is LayerMode.DECODE:
+        return [((1,), None)]
+    if mode is LayerMode.DECODE_MULTI_SEQ:
+        return [((1,) * n, None), ((1, -1, 1)[:n], None)]
+    if mode is LayerMode.DECODE_BATCHED:
+        return [((K,), None), ((max(1, K - 1),), None)]
+    if mode is LayerMode.VERIFY_MULTI:
+        return [((K, 0, min(2, K))[:n], None), ((min(2, K), -1, K)[:n], None)]
+    if mode is LayerMode.PREFILL:
+        long, short = min(70, lim.max_tokens), min(33, lim.max_tokens)
+        return [((long,), (min(64, long),)), ((short,), (-1,)), ((short,), (0,))]
+    out = []
+    for lengths, caps in (((67, 5, 0), (64, 0, -1)), ((9, -1, 3), (2, -1, 3))):
+        lens = _fit(lengths[:n], lim.max_tokens)
+        out.append((lens, tuple(min(c, max(L, 0)) for c, L in zip(caps, lens))))
+    return out
+
+
+class GraphData:
+    """Iterable of feed dicts (numpy, spec input names) for `iterations` cases; `cases` lists what each holds."""
+
+    def __init__(self, spec: GraphSpec, iterations: int = 2, seed: int = 0):
+        if spec.act_dtype not in _NP:
+            raise ValueError(f"{spec.stem}: comparisons feed numpy arrays; activation dtype {spec.act_dtype} has "
+                             "none (export with --dtype float32 to compare)")
+        self.spec, self.seed = spec, seed
+        rng = np.random.default_rng(seed)
+        base = _cases(spec)
+        self.cases = [self._case(base[i % len(base)], rng) for i in range(iterations)]
+
+    def _case(self, c: tuple, rng: np.random.Generator) -> Case:
+        lengths, caps = c
+        free = rng.permutation(self.spec.limits.pool_slots)
+        slots = tuple(-1 if L < 0 else int(free[i]) for i, L in enumerate(lengths))
+        case = Case(tuple(1 if L < 0 else L for L in lengths), slots, caps)
+        self.spec.bucket_for({**case.sizes(), "S": self.spec.limits.pool_slots})  # raises if no profile holds it
+        return case
+
+    def feed(self, case: Case, index: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(self.seed * 1000 + index + 1)
+        sizes = {**case.sizes(), "S": self.spec.limits.pool_slots}
+        cu = np.concatenate([[0], np.cumsum(case.lengths)]).astype(np.int32)
+        fixed = {"cu_seqlens": cu, "slots": np.asarray(case.slots, np.int32),
+                 "capture_at": np.asarray(case.capture_at or (), np.int32)}
+        feed = {}
+        for t in self.spec.inputs:
+            shape = t.shape(sizes)
+            if t.role is Role.INDEX:
+                feed[t.name] = fixed[t.name].reshape(shape)
+            else:
+                scale = 0.5 if t.role is not Role.ACTIVATION else 1.0
+                feed[t.name] = (rng.standard_normal(shape) * scale).astype(_NP[t.dtype])
+        return feed
+
+    def __iter__(self):
+        for i, case in enumerate(self.cases):
+            yield self.feed(case, i)
+
+    def __len__(self) -> int:
+        return len(self.cases)

@@ -1,0 +1,151 @@
+"""ONNX export of one GDN layer in one `LayerMode`: a pure function of (config, weights, mode, limits).
+
+`export_mode(layer, mode, out_dir, limits)` traces a small wrapper module whose forward takes and returns exactly the
+tensors of the mode's `GraphSpec`, with `torch.onnx.export(dynamo=True)` and the `gdn_trt` translation table (each
+functional custom op -> one `gdn_trt::<op>` node). Then ONNX-GraphSurgeon cleans the graph (dead values, topological
+order, I/O dims renamed to the GraphSpec symbols, exporter metadata such as source paths dropped so that the file
+depends on nothing but its inputs), the model-local functions of the custom ops are attached, the weights go to an
+external data file, and `onnx.checker` checks the saved file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+import torch
+from torch import Tensor, nn
+
+from ..model.layer import GdnLayer
+from ..model.state import LayerState, StateCapture, StateStash, StepInput
+from ..plugins.causal_conv1d import onnx as conv_onnx
+from ..plugins.gated_delta_rule import onnx as gdn_onnx
+from ..plugins.onnx_common import BODY_OPSET
+from ..plugins.packing import Packing
+from ..plugins.spec import NAMESPACE
+from .modes import LayerMode
+from .spec import GraphSpec, Limits, graph_spec
+
+OPSET = BODY_OPSET
+_EXAMPLE = {"T": 5, "N": 2, "S": 3}  # trace sizes; >= 2 so that torch.export does not specialise a symbol to 1
+_log = logging.getLogger(__name__)
+
+
+class ModeGraph(nn.Module):
+    """The layer in one mode with the GraphSpec's flat I/O: forward(*inputs) -> outputs, both in spec order."""
+
+    def __init__(self, layer: GdnLayer, spec: GraphSpec):
+        super().__init__()
+        self.layer, self.spec = layer, spec
+
+    def forward(self, *args: Tensor) -> tuple[Tensor, ...]:
+        t = dict(zip(self.spec.input_names, args))
+        mode = self.spec.mode
+        step = StepInput(t["streams"] if "streams" in t else t["x"], Packing(t["cu_seqlens"], t["slots"]),
+                         t.get("residual"), t.get("ple_rows"))
+        state = LayerState(t["conv_pool"], t["ssm_pool"], t.get("ple_conv_pool"))
+        extra = None
+        if mode.uses_stash:
+            extra = StateStash(t["conv_stash"], t["ssm_stash"], t.get("ple_conv_stash"))
+        elif mode.uses_capture:
+            extra = StateCapture(t["capture_at"], t["conv_capture"], t["ssm_capture"], t.get("ple_conv_capture"))
+        res = self.layer.run(mode, step, state, extra)
+        out = res[0]
+        acts = [out.x] if out.residual is None else [out.x, out.residual]
+        buffers = [b for part in res[1:] for b in (part.conv, part.ssm, part.ple_conv) if b is not None]
+        return (*acts, *buffers)
+
+
+def translation_table() -> dict:
+    return {**gdn_onnx.translations(), **conv_onnx.translations()}
+
+
+def _functions() -> dict[str, onnx.FunctionProto]:
+    return {f.name: f for f in (*gdn_onnx.functions(), *conv_onnx.functions())}
+
+
+def example_inputs(spec: GraphSpec, sizes: dict[str, int] | None = None) -> tuple[Tensor, ...]:
+    """Zero tensors of the spec's shapes at symbol values `sizes`: enough for tracing (values are not read)."""
+    sizes = sizes or _EXAMPLE
+    return tuple(torch.zeros(t.shape(sizes), dtype=t.torch_dtype) for t in spec.inputs)
+
+
+def _dynamic_shapes(spec: GraphSpec) -> tuple[dict, ...]:
+    dims = {s: torch.export.Dim(f"dim_{s}", min=1) for s in ("T", "N", "S")}
+
+    def dim(d: str):
+        sym, _, add = d.partition("+")
+        return dims[sym] + int(add) if add else dims[sym]
+
+    return tuple({i: dim(d) for i, d in enumerate(t.dims) if isinstance(d, str)} for t in spec.inputs)
+
+
+def _clean(model: onnx.ModelProto, spec: GraphSpec) -> onnx.ModelProto:
+    """GraphSurgeon pass: I/O named, typed and shaped from the spec, dead nodes removed, nodes sorted."""
+    graph = gs.import_onnx(model)
+    got_in, got_out = [t.name for t in graph.inputs], [t.name for t in graph.outputs]
+    spec.check_names(got_in, got_out)
+    for var, ts in zip(graph.inputs, spec.inputs):
+        var.shape = list(ts.dims)
+    for var in graph.outputs:
+        var.shape = list(spec.output(var.name).dims)
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    for node in graph.nodes:
+        node.name = f"{node.domain + '::' if node.domain else ''}{node.op}_{graph.nodes.index(node)}"
+    graph.name = f"{spec.model}.layer{spec.layer_idx}.{spec.stem}"
+    out = gs.export_onnx(graph)
+    for n in out.graph.node:
+        del n.metadata_props[:]  # exporter stack traces: absolute paths, not a function of the inputs
+    del out.metadata_props[:]
+    for vi in (*out.graph.input, *out.graph.output, *out.graph.value_info):
+        del vi.metadata_props[:]
+    return out
+
+
+def _attach_functions(model: onnx.ModelProto) -> None:
+    """Append the model-local function of every custom op used, and the `gdn_trt` opset import."""
+    fns = _functions()
+    used = sorted({n.op_type for n in model.graph.node if n.domain == NAMESPACE})
+    missing = [u for u in used if u not in fns]
+    if missing:
+        raise RuntimeError(f"no ONNX function body for custom ops {missing}")
+    del model.functions[:]
+    model.functions.extend(fns[u] for u in used)
+    if NAMESPACE not in {o.domain for o in model.opset_import}:
+        model.opset_import.append(onnx.helper.make_opsetid(NAMESPACE, 1))
+
+
+def export_graph(layer: GdnLayer, spec: GraphSpec, path: Path) -> Path:
+    """Export `layer` under `spec` to `path` (+ `path.data` for the weights) and check the saved file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wrapper = ModeGraph(layer, spec).eval()
+    chatter = io.StringIO()
+    # the exporter prints its phases and warns about dims it renames; failures still raise with the full story
+    with contextlib.redirect_stdout(chatter), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prog = torch.onnx.export(
+            wrapper, example_inputs(spec), dynamo=True, opset_version=OPSET,
+            dynamic_shapes=(_dynamic_shapes(spec),), custom_translation_table=translation_table(),
+            input_names=list(spec.input_names), output_names=list(spec.output_names), optimize=True, verbose=False)
+    _log.debug("torch.onnx.export of %s:\n%s", path, chatter.getvalue())
+    model = _clean(prog.model_proto, spec)
+    _attach_functions(model)
+    model.producer_name, model.producer_version = "gdn-trt", "1"
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
+                    size_threshold=1024)
+    onnx.checker.check_model(str(path), full_check=True)
+    return path
+
+
+def export_mode(layer: GdnLayer, mode: LayerMode, out_dir: str | Path, limits: Limits = Limits()) -> Path:
+    """Export one mode of `layer` to `<out_dir>/<mode>[+hc][+ple].onnx`; returns the path."""
+    act = str(layer.dtype).replace("torch.", "")
+    spec = graph_spec(layer.cfg, layer.index, mode, limits, act)
+    return export_graph(layer, spec, Path(out_dir) / f"{spec.stem}.onnx")
