@@ -44,6 +44,11 @@ TUNING = Tuning()
 _DOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Every output and scratch buffer comes from here (shapes only; tests swap it to poison them with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _unit_stride(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -86,7 +91,7 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
     T, H, K = q.shape
     HV, V = v.shape[1:]
     N = pack.num_seqs
-    o = torch.empty((T, HV, V), dtype=q.dtype, device=q.device)
+    o = _new((T, HV, V), q.dtype, q.device)
     BV = min(tuning.rec_bv, triton.next_power_of_2(V))
     if N == 0 or T == 0:
         return o
@@ -118,14 +123,13 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
     prec = "ieee" if dt == torch.float32 else "tf32"
     n_chunks = triton.cdiv(T, BT) + 2 * N  # >= sum over sequences of chunks, the capture cut included
     BK, BN = max(16, triton.next_power_of_2(K)), max(2, triton.next_power_of_2(N))
-    o = torch.empty((T, HV, V), dtype=dt, device=dev)
+    o = _new((T, HV, V), dt, dev)
     if N == 0:
         return o
-    w = torch.empty((T, HV, K), dtype=dt, device=dev)
-    u = torch.empty((T, HV, V), dtype=dt, device=dev)
-    v_new = torch.empty_like(u)
-    gam = torch.empty((T, HV), dtype=torch.float32, device=dev)
-    h = torch.empty((n_chunks, HV, K, V), dtype=dt, device=dev)
+    w = _new((T, HV, K), dt, dev)
+    u, v_new = _new((T, HV, V), dt, dev), _new((T, HV, V), dt, dev)
+    gam = _new((T, HV), torch.float32, dev)
+    h = _new((n_chunks, HV, K, V), dt, dev)
     meta = dict(H=H, HV=HV, K=K, V=V, BK=BK, BN=BN, BT=BT, PREC=prec)
     if T > 0:
         gdn_chunk_prep_kernel[(n_chunks, HV)](

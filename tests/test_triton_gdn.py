@@ -1,0 +1,284 @@
+"""Triton kernels of the gated delta rule against the float64 references (`plugins/gated_delta_rule/naive.py`).
+
+The checks below run on any device: the `gpu` tests here call them at the real Qwen3-Next / Qwen3.5 shapes and at
+odd shapes in bf16 and fp32; `test_triton_interpret.py` calls them at small shapes on the CPU under
+TRITON_INTERPRET=1. Every check poisons the kernel's outputs and scratch buffers (and the stash / capture
+buffers) with NaN, then asserts the output, every state written (pool rows, stash rows, capture rows) against the
+reference with the tolerance table, and that nothing else was written: untouched pool rows are bit-identical,
+unwritten stash / capture rows still NaN, output rows of padding sequences exactly zero.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import Tensor
+
+from gdn_trt.plugins.gated_delta_rule import naive
+from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
+from gdn_trt.plugins.packing import Capture, Packing
+from .tolerances import assert_close, tol
+
+POOL_ROWS = 8
+
+
+@dataclass(frozen=True)
+class Heads:
+    """H key heads of dim K, HV = G*H value heads of dim V."""
+
+    H: int
+    G: int
+    K: int
+    V: int
+
+    @property
+    def HV(self) -> int:
+        return self.H * self.G
+
+    def __str__(self) -> str:
+        return f"H{self.H}G{self.G}K{self.K}V{self.V}"
+
+
+QWEN3_NEXT = Heads(16, 2, 128, 128)
+QWEN35_27B = Heads(16, 3, 128, 128)
+
+
+@dataclass(frozen=True)
+class Step:
+    lengths: tuple[int, ...]
+    slots: tuple[int, ...]
+    capture_at: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return "L" + "-".join(map(str, self.lengths))
+
+
+def make_inputs(step: Step, heads: Heads, dtype: torch.dtype, device: str, pool_rows: int = POOL_ROWS
+                ) -> tuple[GdnInputs, Packing, Tensor]:
+    """Random inputs as the layer passes them: q, k, v, a, b are column slices of one projection (strided views).
+    Decay rates span slow and fast heads (A_log in [-4, 1]) so both long memory and underflowing decays occur."""
+    T, (H, HV, K, V) = sum(step.lengths), (heads.H, heads.HV, heads.K, heads.V)
+    widths = [H * K, H * K, HV * V, HV, HV]
+    proj = torch.randn(T, sum(widths) + 3, device=device).to(dtype)
+    q, k, v, a, b = torch.split(proj[:, 3:], widths, dim=1)
+    x = GdnInputs(q.unflatten(1, (H, K)), k.unflatten(1, (H, K)), v.unflatten(1, (HV, V)), a, b,
+                  torch.empty(HV, device=device).uniform_(-4, 1), torch.randn(HV, device=device))
+    pool = torch.randn(pool_rows, HV, K, V, device=device) * 0.5
+    return x, Packing.build(list(step.lengths), list(step.slots), device), pool
+
+
+def _f64(x: GdnInputs) -> GdnInputs:
+    return GdnInputs(*(t.detach().cpu().double() for t in (x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias)))
+
+
+@contextmanager
+def poisoned(module):
+    """Make every buffer the Triton module allocates start as NaN."""
+    orig = module._new
+    module._new = lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device)
+    try:
+        yield
+    finally:
+        module._new = orig
+
+
+def _tri():
+    from gdn_trt.plugins.gated_delta_rule import triton as tri
+
+    return tri
+
+
+def assert_pool(pool0: Tensor, ref: Tensor, got: Tensor, written: list[int], bound) -> None:
+    """Rows in `written` against the reference; every other row bit-identical to before."""
+    got = got.cpu()
+    for s in range(pool0.shape[0]):
+        if s in written:
+            assert_close(f"ssm_pool[{s}]", ref[s], got[s], bound)
+        else:
+            assert torch.equal(got[s], pool0[s].cpu()), f"ssm_pool[{s}] was written but belongs to no live sequence"
+
+
+def _live(step: Step) -> list[int]:
+    return [s for s, n in zip(step.slots, step.lengths) if s >= 0 and n > 0]
+
+
+def _dead_rows(step: Step) -> list[int]:
+    cu = [0]
+    for n in step.lengths:
+        cu.append(cu[-1] + n)
+    return [t for i, s in enumerate(step.slots) if s < 0 for t in range(cu[i], cu[i + 1])]
+
+
+def check_recurrent(step: Step, heads: Heads, dtype: torch.dtype, device: str, stash: bool,
+                    pool_rows: int = POOL_ROWS) -> None:
+    x, pack, pool = make_inputs(step, heads, dtype, device, pool_rows)
+    T, bound = sum(step.lengths), tol(dtype, "recurrent")
+    pool_ref = pool.cpu().double()
+    got_pool = pool.clone()
+    tri = _tri()
+    if stash:
+        stash_ref = torch.full((T, *x.state_shape), float("nan"), dtype=torch.float64)
+        got_stash = torch.full((T, *x.state_shape), float("nan"), device=device)
+        o_ref = naive.recurrent_stash(_f64(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, stash_ref)
+        with poisoned(tri):
+            o = tri.recurrent_stash(x, pack, got_pool, got_stash)
+        written = ~torch.isnan(stash_ref[:, 0, 0, 0])
+        assert torch.isnan(got_stash.cpu()[~written]).all(), "stash rows of skipped sequences were written"
+        assert_close("ssm_stash", stash_ref[written], got_stash.cpu()[written], bound)
+        assert torch.equal(got_pool, pool), "recurrent_stash wrote the pool"
+    else:
+        o_ref = naive.recurrent(_f64(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref)
+        with poisoned(tri):
+            o = tri.recurrent(x, pack, got_pool)
+        assert_pool(pool, pool_ref, got_pool, _live(step), bound)
+    assert o.dtype == dtype and o.shape == (T, heads.HV, heads.V)
+    dead = _dead_rows(step)
+    assert (o[dead] == 0).all(), "output rows of padding sequences must be zero"
+    assert_close("o", o_ref, o.cpu(), bound)
+
+
+def check_chunked(step: Step, heads: Heads, dtype: torch.dtype, device: str) -> None:
+    x, pack, pool = make_inputs(step, heads, dtype, device)
+    N, bound = len(step.lengths), tol(dtype, "chunked")
+    at = torch.tensor(step.capture_at, dtype=torch.int32)
+    cap_ref = torch.full((N, *x.state_shape), float("nan"), dtype=torch.float64)
+    pool_ref = pool.cpu().double()
+    o_ref = naive.chunked(_f64(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, Capture(at, cap_ref))
+    got_pool = pool.clone()
+    got_cap = torch.full((N, *x.state_shape), float("nan"), device=device)
+    tri = _tri()
+    with poisoned(tri):
+        o = tri.chunked(x, pack, got_pool, Capture(at.to(device), got_cap))
+    assert_pool(pool, pool_ref, got_pool, _live(step), bound)
+    captured = [n for n in range(N) if step.capture_at[n] >= 0 and step.slots[n] >= 0]
+    for n in range(N):
+        if n in captured:
+            assert_close(f"ssm_capture[{n}]", cap_ref[n], got_cap[n].cpu(), bound)
+        else:
+            assert torch.isnan(got_cap[n]).all(), f"ssm_capture[{n}] written without a capture request"
+    assert (o[_dead_rows(step)] == 0).all(), "output rows of padding sequences must be zero"
+    assert_close("o", o_ref, o.cpu(), bound)
+
+
+# ---- GPU: real and odd shapes, bf16 and fp32 ----
+
+DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float32, id="fp32")]
+ODD = [Heads(4, 3, 64, 128), Heads(2, 1, 128, 64), Heads(3, 2, 32, 48)]  # K != V, G in {1, 2, 3}
+
+
+def _decode_step(n: int) -> Step:
+    slots = [(7 * i + 3) % (4 * n) for i in range(n)]
+    slots[n // 2] = -1  # a padding row, as CUDA-graph buckets add
+    return Step((1,) * n, tuple(slots))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [QWEN3_NEXT, QWEN35_27B, *ODD], ids=str)
+def test_decode(heads, dtype):
+    """DECODE_MULTI_SEQ: 33 one-token sequences scattered over a pool of 132 rows, one padding row."""
+    check_recurrent(_decode_step(33), heads, dtype, "cuda", stash=False, pool_rows=4 * 33)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [QWEN3_NEXT, QWEN35_27B, *ODD], ids=str)
+@pytest.mark.parametrize("stash", [False, True], ids=["pool", "stash"])
+def test_verify(heads, dtype, stash):
+    """VERIFY_MULTI / DECODE_BATCHED shapes: up to 4 tokens per sequence, one sequence without drafts."""
+    check_recurrent(Step((4, 0, 3, 1, 4, 2), (5, 1, -1, 0, 7, 2)), heads, dtype, "cuda", stash)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T", [1, 63, 65, 1000])
+@pytest.mark.parametrize("heads", [QWEN3_NEXT, *ODD], ids=str)
+def test_prefill(heads, T, dtype):
+    """One sequence with a capture point inside (or at the ends for T=1)."""
+    check_chunked(Step((T,), (3,), (T // 2 if T > 1 else 1,)), heads, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [QWEN3_NEXT, QWEN35_27B, *ODD], ids=str)
+def test_prefill_varlen(heads, dtype):
+    """Mixed lengths (chunk-aligned and not), an empty sequence, a padding sequence, captures at 0, inside, at
+    a chunk boundary, at the end, and none."""
+    step = Step((1, 63, 65, 0, 1000, 130, 64), (0, 3, 6, 5, 1, -1, 2), (1, 10, 64, 0, 640, 7, -1))
+    check_chunked(step, heads, dtype, "cuda")
+
+
+@pytest.mark.gpu
+def test_chunked_matches_recurrent_bf16():
+    """PREFILL of T tokens == T decode steps, on the same bf16 inputs (both against float64 already; this pins
+    the two kernels to each other at the bound of the looser one)."""
+    heads, step = QWEN3_NEXT, Step((300,), (1,), (-1,))
+    x, pack, pool = make_inputs(step, heads, torch.bfloat16, "cuda")
+    tri = _tri()
+    p_chunk, p_rec = pool.clone(), pool.clone()
+    o_chunk = tri.chunked(x, pack, p_chunk, Capture(torch.tensor([-1], dtype=torch.int32, device="cuda"),
+                                                    torch.zeros(1, *x.state_shape, device="cuda")))
+    o_rec = tri.recurrent(x, pack, p_rec)
+    assert_close("o chunked vs recurrent", o_rec.double(), o_chunk.double(), tol(torch.bfloat16, "chunked"))
+    assert_close("state chunked vs recurrent", p_rec[1].double(), p_chunk[1].double(), tol(torch.bfloat16, "chunked"))
+
+
+# ---- CUDA graphs: replay == eager, bit for bit, also after the step's metadata changed ----
+
+def _graph_vs_eager(run, static: list[Tensor], buffers: list[Tensor], new_values: list[list[Tensor]]) -> None:
+    """`run()` launches the op on `static` inputs and mutates `buffers`; returns its output. Captures it once,
+    then for each set of new input values: eager on copies vs replay, compared bit for bit."""
+    start = [b.clone() for b in buffers]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()  # compile and warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for values in new_values:
+        for t, v in zip(static, values):
+            t.copy_(v)
+        for b, s in zip(buffers, start):
+            b.copy_(s)
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = [out.clone(), *(b.clone() for b in buffers)]
+        for b, s in zip(buffers, start):
+            b.copy_(s)
+        eager = [run(), *buffers]
+        torch.cuda.synchronize()
+        for i, (r, e) in enumerate(zip(replayed, eager)):
+            assert torch.equal(r.nan_to_num(7.0), e.nan_to_num(7.0)), f"output {i}: CUDA-graph replay != eager"
+
+
+def _steps_same_shape() -> list[Step]:
+    return [Step((5, 0, 130, 64, 1), (2, 4, -1, 0, 6), (1, 0, 100, 64, -1)),
+            Step((1, 70, 65, 3, 61), (-1, 3, 1, 5, 2), (-1, 64, 0, 3, 30))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["recurrent", "recurrent_stash", "chunked"])
+def test_cuda_graph(op):
+    from gdn_trt.plugins.gated_delta_rule import op as gdn_op
+
+    steps = _steps_same_shape()
+    x, pack, pool = make_inputs(steps[0], QWEN3_NEXT, torch.bfloat16, "cuda")
+    T, N = sum(steps[0].lengths), len(steps[0].lengths)
+    stash = torch.full((T, *x.state_shape), float("nan"), device="cuda")
+    cap = Capture(torch.tensor(steps[0].capture_at, dtype=torch.int32, device="cuda"),
+                  torch.full((N, *x.state_shape), float("nan"), device="cuda"))
+    run = {"recurrent": lambda: gdn_op.recurrent(x, pack, pool)[0],
+           "recurrent_stash": lambda: gdn_op.recurrent_stash(x, pack, pool, stash)[0],
+           "chunked": lambda: gdn_op.chunked(x, pack, pool, cap)[0]}[op]
+    static = [x.q, x.k, x.v, x.a, x.b, pack.cu_seqlens, pack.slots, cap.at]
+    new_values = []
+    for step in steps:
+        x2, pack2, _ = make_inputs(step, QWEN3_NEXT, torch.bfloat16, "cuda")
+        new_values.append([x2.q, x2.k, x2.v, x2.a, x2.b, pack2.cu_seqlens, pack2.slots,
+                           torch.tensor(step.capture_at, dtype=torch.int32, device="cuda")])
+    _graph_vs_eager(run, static, [pool, stash, cap.buf], new_values)

@@ -1,0 +1,71 @@
+"""The Triton kernels on the CPU, under the Triton interpreter, so CI checks their logic without a GPU.
+
+Triton picks the interpreter when it is imported (TRITON_INTERPRET=1), and other test modules import it
+normally, so the cases run in a subprocess: `test_interpreter` starts `pytest` on this file with the variable
+set, and only there are the cases below defined. They call the same checks as the GPU tests (fp32, small
+shapes that still have K != V, non-power-of-two V and D, G in {1, 2, 3}, padding and empty sequences, captures
+at 0, inside, at a chunk boundary and at the end, dilation and no activation).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+INSIDE = os.environ.get("TRITON_INTERPRET") == "1"
+
+if not INSIDE:
+
+    @pytest.mark.parametrize("family", ["gdn", "conv"])
+    def test_interpreter(family):
+        pytest.importorskip("triton")
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        here = Path(__file__)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", family, str(here)],
+            cwd=here.parent.parent, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"interpreter cases failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+        assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+
+else:
+    from .test_triton_conv import Conv
+    from .test_triton_conv import Step as ConvStep
+    from .test_triton_conv import check_conv
+    from .test_triton_gdn import Heads, Step, check_chunked, check_recurrent
+
+    from gdn_trt.plugins.spec import Activation
+
+    F32 = torch.float32
+
+    def test_gdn_decode():
+        check_recurrent(Step((1, 1, 1), (3, -1, 0)), Heads(2, 2, 16, 32), F32, "cpu", stash=False)
+
+    def test_gdn_verify_stash():
+        check_recurrent(Step((3, 0, 2, 1), (1, 2, -1, 5)), Heads(1, 3, 16, 24), F32, "cpu", stash=True)
+
+    def test_gdn_verify_pool():
+        check_recurrent(Step((2, 0, 3), (4, 1, 0)), Heads(2, 1, 8, 16), F32, "cpu", stash=False)
+
+    def test_gdn_chunked_varlen():
+        check_chunked(Step((1, 70, 0), (0, 3, 5), (1, 64, 0)), Heads(1, 2, 16, 32), F32, "cpu")
+
+    def test_gdn_chunked_capture_inside():
+        check_chunked(Step((65, 9), (-1, 2), (-1, 9)), Heads(1, 3, 32, 16), F32, "cpu")
+        check_chunked(Step((66,), (6,), (33,)), Heads(1, 1, 16, 16), F32, "cpu")
+
+    def test_conv_update():
+        check_conv(ConvStep((1, 1, 1), (3, -1, 0)), Conv(40), F32, "cpu", "update")
+
+    def test_conv_update_stash():
+        check_conv(ConvStep((3, 0, 2, 1), (1, 2, -1, 5)), Conv(24, dilation=3), F32, "cpu", "update_stash")
+
+    def test_conv_prefill():
+        check_conv(ConvStep((3, 0, 5, 70), (1, 2, -1, 5), (2, 0, 1, 65)), Conv(24, dilation=3), F32, "cpu",
+                   "prefill")
+        check_conv(ConvStep((7, 130), (4, 6), (3, 1)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
+                   "cpu", "prefill")
