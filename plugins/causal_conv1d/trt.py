@@ -1,0 +1,46 @@
+"""TensorRT plugins of the causal conv ops (`gdn_trt::causal_conv1d_*`, JIT QDPs).
+
+Imported only where `tensorrt` imports. Each op is registered from its `OpSpec`: output `y` like `x` [T, D], then
+the pool / stash / capture outputs aliased to their inputs; attributes `dilation` and `activation` arrive as int
+plugin fields (the ONNX parser converts INT attributes to INT32 fields). The impl runs the Triton entry points of
+`triton.py` on TensorRT's stream.
+
+No `@aot_impl` yet: the prefill op launches more than one kernel, and the update kernels take `dilation` and
+`activation` as constexprs, so an AOT build needs one PTX per attribute value (attributes are not serialised with
+AOT plugins); see the open items of docs/tensorrt.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..packing import Capture, Packing
+from ..spec import CONV_PREFILL, CONV_UPDATE, CONV_UPDATE_STASH, OpSpec
+from ..trt_common import register_op
+from .io import ConvParams
+
+SPECS = (CONV_UPDATE, CONV_UPDATE_STASH, CONV_PREFILL)
+
+
+def _output(descs: dict, attrs: dict):
+    return descs["x"].like()
+
+
+def _launcher(spec: OpSpec):
+    def launch(t: dict, attrs: dict, out) -> None:
+        kernels = importlib.import_module("gdn_trt.plugins.causal_conv1d.triton")
+        conv = ConvParams(t["weight"], int(attrs["dilation"]), int(attrs["activation"]))
+        pack = Packing(t["cu_seqlens"], t["slots"])
+        if spec is CONV_UPDATE:
+            y = kernels.update(t["x"], conv, pack, t["conv_pool"])
+        elif spec is CONV_UPDATE_STASH:
+            y = kernels.update_stash(t["x"], conv, pack, t["conv_pool"], t["conv_stash"])
+        else:
+            y = kernels.prefill(t["x"], conv, pack, t["conv_pool"], Capture(t["capture_at"], t["conv_capture"]))
+        out.copy_(y)
+
+    return launch
+
+
+for _spec in SPECS:
+    register_op(_spec, _output, _launcher(_spec))

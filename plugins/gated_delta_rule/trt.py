@@ -1,0 +1,51 @@
+"""TensorRT plugins of the gated delta rule ops (`gdn_trt::gated_delta_rule_*`, JIT QDPs).
+
+Imported only where `tensorrt` imports (`gdn-trt build` and the TensorRT runtime import it before parsing or
+deserialising: a JIT plugin must be registered in the process that runs the engine). Each op is registered from
+its `OpSpec`: output `o` [T, HV, V] in the dtype of q, then the pool / stash / capture outputs aliased to their
+inputs (the builder enables `ALIASED_PLUGIN_IO_10_03`). The impl runs the Triton entry points of `triton.py` on
+TensorRT's stream, updating the aliased buffers in place.
+
+No `@aot_impl` yet: an AOT plugin is one PTX kernel per op with int32 scalar arguments only. The chunked op launches
+three kernels (prep, sequential state pass, output), so it cannot be one; the recurrent ops are one kernel each and
+are candidates once their kernels are compiled ahead of time with `triton.compile` (an open item of
+docs/tensorrt.md, with the hidden scratch arguments of recent Triton to check on the device).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..packing import Capture, Packing
+from ..spec import GDN_CHUNKED, GDN_RECURRENT, GDN_RECURRENT_STASH, OpSpec
+from ..trt_common import register_op
+from .io import GdnInputs
+
+SPECS = (GDN_RECURRENT, GDN_RECURRENT_STASH, GDN_CHUNKED)
+
+
+def _output(descs: dict, attrs: dict):
+    o = descs["v"].like()  # [T, HV, V]
+    o.dtype = descs["q"].dtype
+    return o
+
+
+def _launcher(spec: OpSpec):
+    def launch(t: dict, attrs: dict, out) -> None:
+        kernels = importlib.import_module("gdn_trt.plugins.gated_delta_rule.triton")
+        x = GdnInputs(t["q"], t["k"], t["v"], t["a"], t["b"], t["A_log"], t["dt_bias"])
+        pack = Packing(t["cu_seqlens"], t["slots"])
+        if spec is GDN_RECURRENT:
+            o = kernels.recurrent(x, pack, t["ssm_pool"])
+        elif spec is GDN_RECURRENT_STASH:
+            o = kernels.recurrent_stash(x, pack, t["ssm_pool"], t["ssm_stash"])
+        else:
+            o = kernels.chunked(x, pack, t["ssm_pool"], Capture(t["capture_at"], t["ssm_capture"]))
+        # the entry points allocate o; TensorRT owns the output buffer (an `out=` launcher would save this copy)
+        out.copy_(o)
+
+    return launch
+
+
+for _spec in SPECS:
+    register_op(_spec, _output, _launcher(_spec))
