@@ -65,7 +65,16 @@ class GraphCache:
         key = (tuple(id(e) for e in g.engines), g.mode, g.bucket, g.vetoes)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = self._build(g)
+            try:
+                entry = self._build(g)
+            except Exception as e:  # a capture that fails must not take the step down: eager, and say why
+                reason = f"capture failed: {type(e).__name__}: {e}"
+                self.stats.gate_failures.append(f"{g.mode.value} bucket {g.bucket}: {reason}")
+                self.selector.failed_buckets[(g.mode, g.bucket)] = reason
+                self.selector.say(f"{g.mode.value} bucket {g.bucket} runs eagerly from now on: {reason}",
+                                  logging.WARNING)
+                return Stack.hidden(self.stack.run(g.mode, g.engines, packed, ctx))
+            self._entries[key] = entry
         n = packed.x.shape[0]
         self._fill(entry, packed, n)
         ectx = StepContext(lambda i: self._padded_rows(rows, i, n, entry.bucket), None, ctx.stream)

@@ -50,8 +50,7 @@ class StepBuffers:
         """Write on accept: stash row rows[k] of every layer becomes pool slot slots[k], on the device."""
         if not rows:
             return
-        r = torch.tensor(rows, dtype=torch.int64, device=pool.device)
-        s = torch.tensor(slots, dtype=torch.int64, device=pool.device)
+        r, s = (_upload(torch.tensor(v, dtype=torch.int64), pool.device) for v in (rows, slots))
         for i, st in pool.layers.items():
             stash = self.stash[i]
             for part in ("conv", "ssm", "ple_conv"):
@@ -78,7 +77,7 @@ class Stack:
 
     def packed(self, x: Tensor, lengths: list[int], slots: list[int]) -> Packed:
         residual = None if self.cfg.is_hc else torch.zeros_like(x)
-        return Packed(x, residual, Packing.build(lengths, slots, x.device))
+        return Packed(x, residual, upload_packing(lengths, slots, x.device))
 
     def extra(self, mode: LayerMode, layer_idx: int, tokens: int, capture_at: Tensor | None
               ) -> StateStash | StateCapture | None:
@@ -103,6 +102,17 @@ class Stack:
     @staticmethod
     def hidden(p: Packed) -> Tensor:
         return StepOutput(p.x, p.residual).hidden()
+
+
+def upload_packing(lengths: list[int], slots: list[int], device: torch.device) -> Packing:
+    """`Packing` of a step, checked on the host and uploaded without a host sync: a plain H2D copy from pageable
+    memory would wait for the stream, and the host could no longer run ahead of the GPU by a step."""
+    host = Packing.build(lengths, slots)
+    return Packing(_upload(host.cu_seqlens, device), _upload(host.slots, device))
+
+
+def _upload(t: Tensor, device: torch.device) -> Tensor:
+    return t if device.type != "cuda" else t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass

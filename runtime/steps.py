@@ -147,8 +147,9 @@ def _run_group(sess: "Session", g: Group, items: list[_Item], result: "StepResul
         hidden = Stack.hidden(sess.stack.run(g.mode, g.engines, packed, ctx))
     else:
         hidden = sess.graphs.run(g, packed, ctx, rows)
+    # no rows.rearm(): the uploads, the layers and the replays share one stream, so stream order already keeps
+    # the next upload from overwriting rows a step still reads (rearm exists for a consumer on another stream)
     fence = Fence(dev).record(stream)
-    rows.rearm(fence.event)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
     for it, a, b in zip(items, offsets, offsets[1:]):
         result.outputs[it.seq] = hidden[a:b]

@@ -1,0 +1,151 @@
+"""Runtime decode benchmark on the H200: a 4-layer GDN stack, N in {1, 8, 64, 256} sequences per step.
+
+Variants (bf16 activations, fp32 state, synthetic weights made in memory):
+- eager:        Qwen3-Next layer shapes (C 2048, H 16, HV 32, K = V 128), every step launched op by op;
+- cuda graph:   the same stack, each decode step one CUDA-graph replay (bucket = N);
+- PLE vetoed:   Qwen4-Exp shapes (4 hc streams of 2560, same GDN heads) with PLE on the second layer, the PLE
+                layer vetoing capture: graph segments around an eager PLE layer whose rows are staged in between;
+- PLE hoisted:  the same stack, rows staged for the PLE layer before one whole-stack replay.
+(The PLE n-gram table is shrunk to ~85k rows so the file stays small; its row width is the real 160.)
+
+Per (variant, N): decode tokens/s over timed steps (wall clock between two device synchronisations) and the host
+time per step (the Python call, which returns once the step is enqueued). Writes
+`<out>/<date>-runtime.{json,md,png}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from gdn_trt.model.config import PRESETS, GdnConfig
+from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.session import Session, SessionOptions
+
+NS = (1, 8, 64, 256)
+STACK = ("linear_attention",) * 4
+
+
+def configs() -> dict[str, GdnConfig]:
+    plain = PRESETS["qwen3-next-80b-a3b"].replace(layer_types=STACK, name="qwen3-next-4L")
+    ple = PRESETS["qwen4-exp"].replace(layer_types=STACK, ple_layer_ids=(2,), ngram_vocab_size_base=5_000,
+                                       name="qwen4-exp-4L-ple")
+    return {"plain": plain, "ple": ple}
+
+
+@dataclass
+class Row:
+    variant: str
+    model: str
+    n: int
+    steps: int
+    step_ms: float  # wall time per decode step
+    tokens_per_s: float
+    host_us: float  # host time per decode call
+    path: str  # graph / graph+eager / eager, as the session ran it
+
+
+VARIANTS = (("eager", "plain", False, True), ("cuda graph", "plain", True, True),
+            ("PLE vetoed", "ple", True, False), ("PLE hoisted", "ple", True, True))
+
+
+def measure(sess: Session, n: int, steps: int, seqs: list[int]) -> tuple[float, float, str]:
+    cfg = sess.cfg
+    g = torch.Generator().manual_seed(n)
+    h = torch.randn(n, 1, cfg.stream_dim, generator=g).to(sess.device, sess.dtype)
+    ids = torch.randint(0, cfg.vocab_size, (n, 1), generator=g).numpy() if sess.feeds else None
+    batch = {q: h[k] for k, q in enumerate(seqs[:n])}
+    tok = None if ids is None else {q: ids[k] for k, q in enumerate(seqs[:n])}
+    for _ in range(3):  # capture + acceptance gate + steady state
+        sess.decode(batch, tok)
+    kind = next(k for k in sess.stats().kinds.values() if k.modes)
+    before = dict(kind.paths)
+    torch.cuda.synchronize()
+    host = 0.0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        t = time.perf_counter()
+        sess.decode(batch, tok)
+        host += time.perf_counter() - t
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    path = next(p for p, c in kind.paths.items() if c > before.get(p, 0))
+    return wall / steps, host / steps, path
+
+
+def run(steps: int) -> list[Row]:
+    rows = []
+    cfgs = configs()
+    for variant, model, graphs, hoisted in VARIANTS:
+        cfg = cfgs[model]
+        opts = SessionOptions(limits=RuntimeLimits(max_seqs=max(NS), max_prefill_tokens=64, max_draft=1,
+                                                   graph_buckets=NS, ple_cache_rows=1 << 16),
+                              dtype=torch.bfloat16, graphs=graphs, ple_hoisted=hoisted)
+        sess = Session.open(cfg, backend="torch", device="cuda", options=opts)
+        seqs = [sess.add_sequence() for _ in range(max(NS))]
+        for n in NS:
+            step, host, path = measure(sess, n, steps, seqs)
+            rows.append(Row(variant, cfg.name, n, steps, step * 1e3, n / step, host * 1e6, path))
+            print(f"{variant:<12} N={n:<4} {rows[-1].tokens_per_s:>11.0f} tok/s  step {step * 1e3:7.3f} ms  "
+                  f"host {host * 1e6:7.1f} us  ({path})", flush=True)
+        del sess
+        torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| variant | model | N | tokens/s | step (ms) | host per step (us) | path |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    lines += [f"| {r.variant} | {r.model} | {r.n} | {r.tokens_per_s:,.0f} | {r.step_ms:.3f} | {r.host_us:.1f} | "
+              f"{r.path} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for v, *_ in VARIANTS:
+        rs = [r for r in rows if r.variant == v]
+        a.plot([r.n for r in rs], [r.tokens_per_s for r in rs], marker="o", label=v)
+        b.plot([r.n for r in rs], [r.host_us for r in rs], marker="o", label=v)
+    for ax, title, unit in ((a, "decode throughput", "tokens/s"), (b, "host time per step", "us")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequences per step (N)")
+        ax.set_ylabel(unit)
+        ax.set_title(f"4-layer GDN stack, {title}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    p.add_argument("--steps", type=int, default=50)
+    args = p.parse_args()
+    rows = run(args.steps)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{datetime.date.today().isoformat()}-runtime"
+    meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
+            "configs": {k: c.name for k, c in configs().items()}, "activations": "bfloat16", "state": "float32"}
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
+    stem.with_suffix(".md").write_text(f"# Runtime decode, {meta['gpu']}\n\n{markdown(rows)}")
+    plot(rows, stem.with_suffix(".png"))
+    print(f"wrote {stem}.json/.md/.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""The main job (`make run`): export, compare, build when TensorRT is there, then serve a continuous-batching scenario.
+
+On the built-in defaults, a synthetic Qwen3.5-like plain stack (`tiny-3.5`) and a Qwen4-Exp-like hc+PLE stack
+(`tiny-4exp`), written as real HF checkpoints under `artifacts/checkpoints/` and loaded back:
+1. export every layer mode of each layer variant to ONNX (`export.artifacts.export_checkpoint`);
+2. compare torch against ONNX Runtime on every exported graph through Polygraphy (`export.compare`);
+3. build TensorRT plans when tensorrt imports (else one line says so);
+4. run `runtime.scenario` on the best available backend and check every result against the float64 sequential
+   reference; print a summary table and write `artifacts/run-report.json`. Exit status 1 when anything failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..model.checkpoint import load_checkpoint, make_synthetic_checkpoint
+from ..model.config import DEFAULT_HC_PRESET, DEFAULT_PRESET
+from .plan import RuntimeLimits
+from .scenario import run_scenario
+from .session import Session, SessionOptions
+
+log = logging.getLogger("gdn_trt.runtime")
+LIMITS = RuntimeLimits(max_seqs=8, max_prefill_tokens=256, max_draft=4, ple_cache_rows=256)
+
+
+@dataclass
+class Stage:
+    model: str
+    name: str
+    ok: bool
+    seconds: float
+    detail: str
+    items: list = field(default_factory=list)
+
+
+def _timed(model: str, name: str, fn) -> Stage:
+    t0 = time.perf_counter()
+    try:
+        ok, detail, items = fn()
+    except Exception as e:  # a stage that crashes is reported as failed with its reason; the run goes on
+        log.exception("%s: %s failed", model, name)
+        ok, detail, items = False, f"{type(e).__name__}: {e}", []
+    return Stage(model, name, ok, time.perf_counter() - t0, detail, items)
+
+
+def export_and_compare(ckpt_dir: Path, out: Path) -> tuple[Stage, Stage]:
+    """Every mode of every layer variant to ONNX, then torch vs ONNX Runtime on each graph."""
+    from ..export.artifacts import ExportPlan, Manifest, export_checkpoint
+    from ..export.compare import CompareOptions, compare_graph, layers_of
+
+    ck = load_checkpoint(ckpt_dir)
+    name = ck.config.name
+    holder = {}
+
+    def export():
+        holder["manifest"] = path = export_checkpoint(ck, out / "onnx", ExportPlan(layers="variants"))
+        m = Manifest.load(path)
+        holder["m"] = m
+        return True, f"{len(m.graphs)} graphs -> {m.root}", [r.summary() for r in m.graphs]
+
+    def compare():
+        m = holder["m"]
+        layers = layers_of(m, m.data["dtype"])
+        opts = CompareOptions(("torch", "onnxrt"), "cpu", 1, None, out / "compare")
+        res = [compare_graph(m, rec, layers[rec.spec.layer_idx], opts) for rec in m.graphs]
+        bad = [r for r in res if not r.passed]
+        return not bad, f"{len(res) - len(bad)}/{len(res)} graphs torch == onnxrt", [r.summary() for r in res]
+
+    e = _timed(name, "export", export)
+    c = _timed(name, "compare torch vs onnxrt", compare) if e.ok else Stage(name, "compare", False, 0, "no export")
+    return e, c
+
+
+def build_engines(name: str, out: Path) -> tuple[Stage, Path | None]:
+    """TensorRT plans of the exported graphs, or one line saying why there are none."""
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError as e:
+        return Stage(name, "build TensorRT engines", True, 0.0, f"skipped: tensorrt is not installed ({e})"), None
+    from ..export.artifacts import Manifest
+    from ..export.build import BuildOptions, build_graph
+
+    engines = out / "engines"
+
+    def build():
+        m = Manifest.load(out / "onnx" / name)
+        plans = [build_graph(m, rec, BuildOptions(engines)) for rec in m.graphs]
+        return True, f"{len(plans)} plans -> {engines / name}", [str(p) for p in plans]
+
+    st = _timed(name, "build TensorRT engines", build)
+    return st, (engines if st.ok else None)
+
+
+def serve(ckpt_dir: Path, engines: Path | None, device: str, seed: int) -> tuple[Stage, dict]:
+    """The scenario on the best available backend, every result checked."""
+    ck = load_checkpoint(ckpt_dir)
+    report = {}
+
+    def run():
+        backend = "auto" if engines is not None else "torch"
+        sess = Session.open(ck, engines_dir=str(engines) if engines else None, backend=backend, device=device,
+                            options=SessionOptions(limits=LIMITS))
+        sc, checks = run_scenario(sess, ck, seed)
+        stats = sess.stats()
+        report.update(backend=sorted({e.name for c in sess.selector.engines for e in c}), device=str(sess.device),
+                      dtype=str(sess.dtype), checks=[{**asdict(c), "ok": c.ok} for c in checks],
+                      stats=stats.table().splitlines())
+        lines = [f"{'ok ' if c.ok else 'BAD'} {c.name}: rel RMS {c.rel_rms:.2e} (bound {c.bound:.0e}), "
+                 f"max-abs {c.max_abs:.2e}" for c in checks] + stats.table().splitlines()
+        bad = [c for c in checks if not c.ok]
+        return not bad, f"{len(checks) - len(bad)}/{len(checks)} checks pass on {report['backend']} " \
+                        f"{report['device']} {report['dtype']}", lines
+
+    return _timed(ck.config.name, "continuous-batching scenario", run), report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gdn_trt.runtime.main", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("artifacts"))
+    p.add_argument("--presets", default=f"{DEFAULT_PRESET},{DEFAULT_HC_PRESET}")
+    p.add_argument("--device", default="auto", help="cpu | cuda | auto")
+    p.add_argument("--no-export", action="store_true", help="skip export / compare / build (scenario only)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    t0 = time.perf_counter()
+    stages, reports = [], {}
+    for name in args.presets.split(","):
+        ckpt = make_synthetic_checkpoint(name, args.out / "checkpoints" / name, seed=args.seed)
+        print(f"== {name}: synthetic checkpoint {ckpt}", flush=True)
+        engines = None
+        if not args.no_export:
+            stages += export_and_compare(ckpt, args.out)
+            st, engines = build_engines(name, args.out)
+            stages.append(st)
+        st, reports[name] = serve(ckpt, engines, device, args.seed)
+        stages.append(st)
+        for s in stages:
+            if s.model == name:
+                print(f"   {s.name}: {'ok' if s.ok else 'FAILED'} ({s.seconds:.1f} s) {s.detail}", flush=True)
+                for item in s.items:
+                    print(f"      {item}")
+    total = time.perf_counter() - t0
+    _summary(stages, total)
+    report = {"device": device, "seconds": total, "passed": all(s.ok for s in stages),
+              "stages": [asdict(s) for s in stages], "scenarios": reports}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "run-report.json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"report: {args.out / 'run-report.json'}")
+    return 0 if report["passed"] else 1
+
+
+def _summary(stages: list[Stage], total: float) -> None:
+    w = max(len(s.name) for s in stages)
+    print(f"\n{'model':<10} {'stage':<{w}} {'result':<7} {'time':>7}  detail")
+    for s in stages:
+        print(f"{s.model:<10} {s.name:<{w}} {'ok' if s.ok else 'FAILED':<7} {s.seconds:>6.1f}s  {s.detail}")
+    print(f"{'total':<10} {'':<{w}} {'ok' if all(s.ok for s in stages) else 'FAILED':<7} {total:>6.1f}s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

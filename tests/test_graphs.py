@@ -1,0 +1,95 @@
+"""CUDA-graph decode (marked gpu): replay == eager bit for bit at every bucket, outputs and every pool row, for the
+plain stack and the hc+PLE stack (PLE hoisted: one graph; PLE vetoed: graph segments around an eager PLE layer);
+a padded replay writes no pool row outside the step; a decode past the largest bucket runs eagerly, said once.
+Both sessions of a comparison hold the same weights and run the same eager prefill first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.session import Prompt, Session, SessionOptions
+
+pytestmark = pytest.mark.gpu
+
+LIMITS = RuntimeLimits(max_seqs=8, max_prefill_tokens=128, max_draft=4, ple_cache_rows=64)
+
+
+def _open(name: str, graphs: bool, hoisted: bool = True, dtype=torch.float32) -> Session:
+    return Session.open(name, backend="torch", device="cuda",
+                        options=SessionOptions(limits=LIMITS, graphs=graphs, ple_hoisted=hoisted, dtype=dtype))
+
+
+def _state(sess: Session) -> list[torch.Tensor]:
+    return [t.clone() for st in sess.pool.layers.values() for t in st.tensors()]
+
+
+def _inputs(sess: Session, n: int, steps: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, steps, sess.cfg.stream_dim, generator=g).to(sess.dtype)
+    ids = torch.randint(0, sess.cfg.vocab_size, (n, steps), generator=g).numpy() if sess.feeds else None
+    return h, ids
+
+
+CASES = [pytest.param("tiny-3.5", True, torch.float32, id="plain-fp32"),
+         pytest.param("tiny-3.5", True, torch.bfloat16, id="plain-bf16"),
+         pytest.param("tiny-4exp", True, torch.float32, id="hc+ple-hoisted"),
+         pytest.param("tiny-4exp", False, torch.float32, id="hc+ple-vetoed")]
+
+
+@pytest.mark.parametrize("name,hoisted,dtype", CASES)
+def test_graph_decode_equals_eager_bit_for_bit_at_every_bucket(name, hoisted, dtype):
+    graph, eager = _open(name, True, hoisted, dtype), _open(name, False, hoisted, dtype)
+    for bucket in LIMITS.buckets():
+        h, ids = _inputs(graph, bucket, 8, seed=bucket)
+        seqs = {}
+        for sess in (graph, eager):
+            s = [sess.add_sequence() for _ in range(bucket)]
+            sess.prefill_batch({q: Prompt(h[k, :4], None if ids is None else ids[k, :4]) for k, q in enumerate(s)})
+            seqs[sess] = s
+        for t in range(4, 8):
+            outs = []
+            for sess in (graph, eager):
+                outs.append(sess.decode({q: h[k, t:t + 1] for k, q in enumerate(seqs[sess])},
+                                        None if ids is None else {q: ids[k, t:t + 1]
+                                                                  for k, q in enumerate(seqs[sess])}))
+            for qg, qe in zip(seqs[graph], seqs[eager]):
+                assert torch.equal(outs[0][qg], outs[1][qe]), f"bucket {bucket} step {t}: outputs differ"
+        for a, b in zip(_state(graph), _state(eager)):
+            assert torch.equal(a, b), f"bucket {bucket}: pool state differs"
+        for sess in (graph, eager):
+            for q in seqs[sess]:
+                sess.release(q)
+    st = graph.stats()
+    decode = next(k for k in st.kinds.values() if k.modes.get("decode_multi_seq") or k.modes.get("decode"))
+    want = "graph" if hoisted or name == "tiny-3.5" else "graph+eager"
+    assert decode.paths[want] == decode.steps, decode.paths
+    assert len(st.graphs.captured) == len(LIMITS.buckets()) and not st.graphs.gate_failures
+
+
+def test_padded_replay_writes_only_the_step_slots():
+    """3 sequences decode in bucket 4 while 2 more sit idle: the idle ones stay bit for bit."""
+    sess = _open("tiny-4exp", True)
+    h, ids = _inputs(sess, 5, 6, seed=3)
+    seqs = [sess.add_sequence() for _ in range(5)]
+    sess.prefill_batch({q: Prompt(h[k, :4], ids[k, :4]) for k, q in enumerate(seqs)})
+    idle = [sess.pool.read_slot(sess._seqs[q].slot, 0).tensors for q in seqs[3:]]
+    for t in (4, 5):
+        sess.decode({q: h[k, t:t + 1] for k, q in enumerate(seqs[:3])}, {q: ids[k, t:t + 1]
+                                                                         for k, q in enumerate(seqs[:3])})
+    for q, before in zip(seqs[3:], idle):
+        after = sess.pool.read_slot(sess._seqs[q].slot, 0).tensors
+        assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert sess.stats().graphs.captured == ["decode_multi_seq bucket 4"]
+
+
+def test_decode_past_the_largest_bucket_runs_eagerly():
+    limits = RuntimeLimits(max_seqs=8, max_prefill_tokens=64, graph_buckets=(1, 2))
+    sess = Session.open("tiny-3.5", backend="torch", device="cuda", options=SessionOptions(limits=limits))
+    seqs = [sess.add_sequence() for _ in range(3)]
+    h = torch.randn(3, sess.cfg.stream_dim, device="cuda")
+    out = sess.decode({q: h[k:k + 1] for k, q in enumerate(seqs)})
+    assert all(torch.isfinite(o).all() for o in out.values())
+    (decode,) = [k for k in sess.stats().kinds.values() if k.steps]
+    assert decode.paths == {"eager": 1} and "largest graph bucket" in next(iter(decode.vetoes))
