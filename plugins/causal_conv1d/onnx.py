@@ -60,7 +60,8 @@ def _step(b: Body, spec: OpSpec, seq: Sequence, cv: _Conv, carried: list[str]) -
     new.append(b.set_row(pool, seq.slot, _window(b, buf, seq.trip, cv)))
     if spec is CONV_PREFILL:
         cap = bufs[1]
-        snap = _window(b, buf, b.op("Max", seq.at, b.const(0)), cv)
+        # a sequence that writes no snapshot (padding, or capture_at -1) reads a window that surely exists
+        snap = _window(b, buf, b.op("Where", seq.capture, seq.at, b.const(0)), cv)
         row = b.op("Where", seq.capture, b.op("CastLike", snap, cap), b.item(cap, seq.n))
         new.append(b.set_row(cap, seq.n, row))
     return new
