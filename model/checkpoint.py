@@ -25,20 +25,35 @@ INDEX_FILE = "model.safetensors.index.json"
 PLE_META = "ple_tables.json"
 _PREFIXES = ("model.language_model.", "model.", "")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+@dataclass(frozen=True)
+class TableSegment:
+    """`rows` consecutive table rows stored row-major in `path` from byte `offset` on."""
+
+    path: Path
+    offset: int
+    rows: int
 
 
 @dataclass(frozen=True)
 class PleTable:
-    """A PLE layer's n-gram table as a flat row file: `rows x dim` values of `dtype`, row-major, no header."""
+    """A PLE layer's n-gram table, `rows x dim` values of `dtype`, row-major: a flat row file (`path`, no header), or
+    the HF checkpoint's own safetensors shards read in place (`segments`, in row order; `path` is the first file)."""
 
     path: Path
     rows: int
     dim: int
     dtype: str
+    segments: tuple[TableSegment, ...] = ()
 
     @property
     def row_bytes(self) -> int:
         return self.dim * _DTYPES[self.dtype].itemsize
+
+    def parts(self) -> tuple[TableSegment, ...]:
+        return self.segments or (TableSegment(self.path, 0, self.rows),)
 
 
 @dataclass
@@ -102,6 +117,13 @@ class _Tensors:
     def has(self, name: str) -> bool:
         return self.prefix + name in self.files
 
+    def header(self, name: str) -> tuple[Path, dict, int]:
+        """(file, the tensor's header entry, byte offset of the file's data section), read without loading data."""
+        path = self.files[self.prefix + name]
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            return path, json.loads(f.read(n))[self.prefix + name], 8 + n
+
     def get(self, name: str) -> Tensor:
         full = self.prefix + name
         if full not in self.files:
@@ -118,7 +140,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     cfg = GdnConfig.from_hf(root / "config.json", name=root.name)
     ts = _Tensors(root)
     layers = [_load_layer(cfg, ts, i) for i in cfg.gdn_layer_ids]
-    tables = _ple_tables(cfg, root)
+    tables = _ple_tables(cfg, root, ts)
     return Checkpoint(cfg, layers, tables, root)
 
 
@@ -173,26 +195,48 @@ def _load_ple(cfg: GdnConfig, ts: _Tensors, i: int) -> PleWeights:
     return w
 
 
-def _ple_tables(cfg: GdnConfig, root: Path) -> dict[int, PleTable]:
+def _ple_tables(cfg: GdnConfig, root: Path, ts: _Tensors) -> dict[int, PleTable]:
+    """Tables from `ple_tables.json` (flat row files), else the checkpoint's own `ngram_embedding` tensors (one, or
+    HF's `shard_<k>` split), mapped in place from the safetensors files: 100 GB tables are never copied or loaded."""
     ple_layers = [i for i in cfg.gdn_layer_ids if cfg.has_ple(i)]
-    if not ple_layers:
-        return {}
     meta_path = root / PLE_META
-    if not meta_path.exists():
-        raise FileNotFoundError(f"{root}: PLE layers {ple_layers} need the n-gram row tables described by "
-                                f"{PLE_META} (flat row files beside the checkpoint)")
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     out = {}
     for i in ple_layers:
-        m = meta[str(i)]
-        t = PleTable(root / m["file"], int(m["rows"]), int(m["dim"]), m["dtype"])
+        if str(i) in meta:
+            m = meta[str(i)]
+            t = PleTable(root / m["file"], int(m["rows"]), int(m["dim"]), m["dtype"])
+            if t.path.stat().st_size != t.rows * t.row_bytes:
+                raise ValueError(f"{t.path}: {t.path.stat().st_size} bytes, expected {t.rows * t.row_bytes}")
+        else:
+            t = _table_in_safetensors(ts, f"layers.{i}.ple.ple_embedding.ngram_embedding.")
+            if t is None:
+                raise FileNotFoundError(f"{root}: PLE layer {i} has no n-gram table: neither {PLE_META} nor "
+                                        "ngram_embedding tensors in the safetensors")
         want = NgramTable.for_layer(cfg, i)
         if (t.rows, t.dim) != (want.rows, want.dim):
             raise ValueError(f"layer {i}: PLE table is {t.rows}x{t.dim}, the config needs {want.rows}x{want.dim}")
-        if t.path.stat().st_size != t.rows * t.row_bytes:
-            raise ValueError(f"{t.path}: {t.path.stat().st_size} bytes, expected {t.rows * t.row_bytes}")
         out[i] = t
     return out
+
+
+def _table_in_safetensors(ts: _Tensors, stem: str) -> PleTable | None:
+    names = [stem + "weight"] if ts.has(stem + "weight") else []
+    shards = sorted((n for n in ts.files if n.startswith(ts.prefix + stem + "shard_") and n.endswith(".weight")),
+                    key=lambda n: int(n[len(ts.prefix + stem + "shard_"):-len(".weight")]))
+    names = names or [n[len(ts.prefix):] for n in shards]
+    if not names:
+        return None
+    segs, dims, dtypes = [], set(), set()
+    for name in names:
+        path, info, data_start = ts.header(name)
+        (rows, dim), (a, b) = info["shape"], info["data_offsets"]
+        segs.append(TableSegment(path, data_start + a, rows))
+        dims.add(dim)
+        dtypes.add(_SAFETENSORS_DTYPES.get(info["dtype"], info["dtype"]))
+    if len(dims) != 1 or len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES:
+        raise ValueError(f"{stem}: shards must share one width and a float dtype, got {dims} {dtypes}")
+    return PleTable(segs[0].path, sum(s.rows for s in segs), dims.pop(), dtypes.pop(), tuple(segs))
 
 
 # ---- synthetic checkpoints ----
@@ -311,5 +355,9 @@ def _save(tensors: dict[str, Tensor], root: Path, shards: int) -> None:
 
 def load_table(t: PleTable) -> Tensor:
     """The whole table as a tensor [rows, dim] (tests and small models; the runtime memory-maps it instead)."""
-    raw = torch.from_file(str(t.path), size=t.rows * t.row_bytes, dtype=torch.uint8)
-    return raw.view(_DTYPES[t.dtype]).reshape(t.rows, t.dim)
+    parts = []
+    for seg in t.parts():
+        with open(seg.path, "rb") as f:
+            f.seek(seg.offset)
+            parts.append(torch.frombuffer(bytearray(f.read(seg.rows * t.row_bytes)), dtype=torch.uint8))
+    return torch.cat(parts).view(_DTYPES[t.dtype]).reshape(t.rows, t.dim)

@@ -159,3 +159,27 @@ def test_load_errors_name_the_problem(tmp_path):
     table.write_bytes(table.read_bytes()[:-4])
     with pytest.raises(ValueError, match="bytes"):
         load_checkpoint(root)
+
+
+def test_ple_table_is_read_in_place_from_hf_shards(tmp_path):
+    """Real Qwen4-Exp checkpoints keep the table inside the safetensors as `ngram_embedding.shard_<k>.weight`
+    (HF concatenates them on dim 0): it is mapped in place, in numeric shard order, never copied."""
+    from gdn_trt.runtime.ple.store import RowStore
+
+    root = make_synthetic_checkpoint("tiny-4exp", tmp_path, seed=1)
+    table = load_table(load_checkpoint(root).ple_tables[1]).clone()
+    sd = load_file(root / "model.safetensors")
+    stem = "model.language_model.layers.1.ple.ple_embedding.ngram_embedding."
+    shards = {f"{stem}shard_{k}.weight": p.contiguous() for k, p in enumerate(table.chunk(12))}  # 408 = 12 x 34
+    save_file({**sd, **shards}, root / "model.safetensors")
+    (root / "ple_tables.json").unlink()
+    (root / "ple_table.layer1.bin").unlink()
+    t = load_checkpoint(root).ple_tables[1]
+    assert len(t.segments) == 12 and (t.rows, t.dim) == tuple(table.shape)
+    assert torch.equal(load_table(t), table)
+    rows = torch.randint(0, t.rows, (6, 4))
+    out = torch.empty(6, 4, t.dim, dtype=table.dtype)
+    with RowStore(t, cache_rows=5) as store:
+        store.gather(rows.numpy(), out)
+        store.gather(rows.numpy(), out)
+    assert torch.equal(out, table[rows])

@@ -1,4 +1,4 @@
-"""The PLE row table on the host: a memory-mapped flat file with a bounded LRU cache of hot rows.
+"""The PLE row table on the host: memory-mapped (a flat file, or the HF shards in place) with a bounded LRU cache of hot rows.
 
 The table (Qwen4-Exp: 320M rows x 160, ~100 GB bf16) never has to fit in RAM: rows are read from the file
 mapping on a miss (the "NVMe fault-in") and the most recently used ones are kept in a fixed-size host cache,
@@ -66,17 +66,31 @@ class RowStore:
         if cap < 0:
             raise ValueError(f"cache capacity must be >= 0, got {cap}")
         self.capacity = int(cap)
-        path = Path(table.path)
-        size = path.stat().st_size
-        if self.rows <= 0 or self.dim <= 0 or size != self.rows * self.row_bytes:
-            raise ValueError(f"{path}: {size} bytes, expected rows x dim x itemsize = {self.rows} x {self.dim} x "
-                             f"{self.dtype.itemsize}")
-        with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_RANDOM"):
-            # rows are scattered: kernel read-ahead would pull ~128 KiB around every 320-byte row
-            self._map.madvise(mmap.MADV_RANDOM)
-        self._file_rows = np.frombuffer(self._map, dtype=_RAW[self.dtype.itemsize]).reshape(self.rows, self.dim)
+        # one read-only mapping per file; a segment is a row range of one file (flat file, or a safetensors shard)
+        self._maps: dict[Path, mmap.mmap] = {}
+        self._segments: list[np.ndarray] = []
+        starts = [0]
+        for seg in table.parts():
+            path = Path(seg.path)
+            size = path.stat().st_size
+            need = seg.offset + seg.rows * self.row_bytes
+            # a flat file must hold exactly the table; a shard's data section is followed by other tensors
+            if seg.rows <= 0 or self.dim <= 0 or size < need or (not table.segments and size != need):
+                raise ValueError(f"{path}: {size} bytes, expected {seg.rows} rows x {self.dim} x "
+                                 f"{self.dtype.itemsize} from byte {seg.offset}")
+            if path not in self._maps:
+                with open(path, "rb") as f:
+                    self._maps[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                if hasattr(mmap, "MADV_RANDOM"):
+                    # rows are scattered: kernel read-ahead would pull ~128 KiB around every 320-byte row
+                    self._maps[path].madvise(mmap.MADV_RANDOM)
+            self._segments.append(np.frombuffer(self._maps[path], dtype=_RAW[self.dtype.itemsize],
+                                                count=seg.rows * self.dim, offset=seg.offset).reshape(seg.rows,
+                                                                                                     self.dim))
+            starts.append(starts[-1] + seg.rows)
+        if starts[-1] != self.rows:
+            raise ValueError(f"table segments hold {starts[-1]} rows, the table declares {self.rows}")
+        self._starts = np.array(starts, dtype=np.int64)
         self._cache = torch.empty((self.capacity, self.dim), dtype=self.dtype)
         self._lru: OrderedDict[int, int] = OrderedDict()  # row -> cache slot, least recently used first
         self._hits = self._misses = self._evictions = 0
@@ -100,7 +114,7 @@ class RowStore:
         missed = np.flatnonzero(~hit)
         if missed.size:
             # np.unique sorted the rows, so the file is read in ascending offset order
-            raw = np.ascontiguousarray(self._file_rows[uniq[missed]])
+            raw = self._read(uniq[missed])
             vals[torch.from_numpy(missed)] = torch.from_numpy(raw).view(self.dtype)
         torch.index_select(vals, 0, torch.from_numpy(inverse.reshape(-1)), out=out.view(-1, self.dim))
         self._remember(uniq, np.argsort(first, kind="stable"), hit, vals)
@@ -117,9 +131,19 @@ class RowStore:
         return list(self._lru)
 
     def close(self) -> None:
-        """Release the mapping (arrays viewing it must go first, or mmap refuses to close)."""
-        self._file_rows = None
-        self._map.close()
+        """Release the mappings (arrays viewing them must go first, or mmap refuses to close)."""
+        self._segments = []
+        for m in self._maps.values():
+            m.close()
+
+    def _read(self, rows: np.ndarray) -> np.ndarray:
+        """Rows (ascending) from their segments' mappings -> [len(rows), dim] raw integers."""
+        seg = np.searchsorted(self._starts, rows, side="right") - 1
+        out = np.empty((rows.size, self.dim), dtype=_RAW[self.dtype.itemsize])
+        for k in np.unique(seg).tolist():
+            pick = seg == k
+            out[pick] = self._segments[k][rows[pick] - self._starts[k]]
+        return out
 
     def __enter__(self) -> "RowStore":
         return self
