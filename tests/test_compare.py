@@ -1,0 +1,116 @@
+"""`gdn-trt compare` on CPU: every exported graph run by ONNX Runtime (function bodies) against the torch layer,
+through Polygraphy's Comparator; the command's results, plot and exit codes; the GraphSpec-aware inputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from gdn_trt.export import cli
+from gdn_trt.export.compare import CompareOptions, compare_graph, layers_of
+from gdn_trt.export.data import GraphData
+from gdn_trt.export.modes import LayerMode
+from gdn_trt.export.spec import Limits, Variant, graph_spec
+from gdn_trt.model.config import preset
+
+from .test_export import GRAPHS, exported_models, record
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    return exported_models(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def layers(exported):
+    return {v: layers_of(m, "float32") for v, m in exported.items()}
+
+
+@pytest.mark.parametrize("variant,mode", GRAPHS)
+def test_onnxrt_matches_torch(exported, layers, variant, mode):
+    m, rec = exported[variant], record(exported, variant, mode)
+    res = compare_graph(m, rec, layers[variant][rec.spec.layer_idx], CompareOptions(("torch", "onnxrt")))
+    assert res.runners == ["torch-cpu", "onnxrt"]
+    assert {(r["iteration"], r["output"]) for r in res.records} == {
+        (i, o) for i in range(2) for o in rec.spec.output_names}
+    assert res.passed, res.summary() + "\n" + "\n".join(
+        f"{r['output']} it{r['iteration']}: {r['rel_rms']:.2e} (bound {r['bound_rel_rms']:.0e})"
+        for r in res.records if not r["passed"])
+
+
+def test_compare_command_writes_json_and_plot(exported, tmp_path, capsys):
+    m = exported[Variant.HC_PLE]
+    rc = cli.main(["compare", "--onnx", str(m.root.parent), "--modes", "decode,prefill", "--backends",
+                   "torch,onnxrt", "--device", "cpu", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "2/2 graphs within tolerance" in out
+    summary = json.loads((tmp_path / "compare.json").read_text())
+    assert summary["passed"] and [g["mode"] for g in summary["graphs"]] == ["decode", "prefill"]
+    detail = json.loads((tmp_path / "tiny-4exp" / "layer1" / "prefill+hc+ple.json").read_text())
+    assert detail["runners"] == ["torch-cpu", "onnxrt"] and detail["records"]
+    assert all(r["passed"] for r in detail["records"])
+    png = tmp_path / "tiny-4exp" / "layer1" / "prefill+hc+ple.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_fails_on_a_wrong_graph(exported, tmp_path, capsys):
+    """A graph whose out_proj weights are off by 1 % must fail the comparison and the command must exit 1."""
+    src = exported[Variant.PLAIN].root
+    dst = tmp_path / "onnx" / src.name
+    shutil.copytree(src, dst)
+    path = dst / record(exported, Variant.PLAIN, LayerMode.DECODE).path
+    model = onnx.load(str(path))
+    (w,) = [t for t in model.graph.initializer if "out_proj" in t.name]
+    w.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(w) * np.float32(1.01), w.name))
+    path.with_name(path.name + ".data").unlink()
+    onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data")
+    rc = cli.main(["compare", "--onnx", str(dst), "--modes", "decode", "--backends", "torch,onnxrt",
+                   "--device", "cpu", "--out", str(tmp_path / "cmp")])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "FAIL" in out and "0/1 graphs within tolerance" in out
+    assert not json.loads((tmp_path / "cmp" / "compare.json").read_text())["passed"]
+
+
+def test_trt_backend_without_tensorrt_is_an_error(exported, tmp_path, capsys):
+    pytest.importorskip("polygraphy")
+    try:
+        import tensorrt  # noqa: F401
+        pytest.skip("TensorRT is installed here: the TensorRT runner is exercised instead (docs/tensorrt.md)")
+    except ImportError:
+        pass
+    rc = cli.main(["compare", "--onnx", str(exported[Variant.PLAIN].root), "--modes", "decode", "--backends",
+                   "torch,trt", "--device", "cpu", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "TensorRT >= 10.8" in err and "docs/tensorrt.md" in err
+
+
+@pytest.mark.parametrize("mode", list(LayerMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("limits", [Limits(), Limits(max_seqs=2, max_tokens=40, max_draft=1, pool_slots=2)],
+                         ids=["default", "small"])
+def test_inputs_are_valid_packings(mode, limits):
+    spec = graph_spec(preset("tiny-4exp"), 1, mode, limits)
+    data = GraphData(spec, iterations=3)
+    seen_padding = seen_empty = False
+    for case, feed in zip(data.cases, data):
+        cu, slots = feed["cu_seqlens"], feed["slots"]
+        assert cu[0] == 0 and np.all(np.diff(cu) >= 0) and cu[-1] == feed["streams"].shape[0] >= 1
+        live = slots[slots >= 0]
+        assert len(set(live.tolist())) == len(live) and np.all(slots < limits.pool_slots) and np.all(slots >= -1)
+        for t in spec.inputs:
+            assert feed[t.name].shape == t.shape({**case.sizes(), "S": limits.pool_slots}), t.name
+        if mode.uses_capture:
+            assert np.all((feed["capture_at"] >= -1) & (feed["capture_at"] <= np.diff(cu)))
+        seen_padding |= bool(np.any(slots == -1))
+        seen_empty |= bool(np.any(np.diff(cu) == 0))
+    if not mode.single_sequence and limits.max_seqs > 2:
+        assert seen_padding, "multi-sequence modes must include a padding sequence (slot -1)"
+    if mode in (LayerMode.VERIFY_MULTI, LayerMode.PREFILL_VARLEN) and limits.max_seqs > 2:
+        assert seen_empty, "verify / varlen prefill must include a sequence with zero tokens"
+    if mode is LayerMode.PREFILL and limits.max_tokens > 64:
+        assert {int(c.capture_at[0]) for c in data.cases} == {64, -1, 0}
