@@ -67,6 +67,9 @@ def export_and_compare(ckpt_dir: Path, out: Path) -> tuple[Stage, Stage]:
         return True, f"{len(m.graphs)} graphs -> {m.root}", [r.summary() for r in m.graphs]
 
     def compare():
+        from polygraphy.logger import G_LOGGER
+
+        G_LOGGER.module_severity = G_LOGGER.WARNING  # per-iteration tensor statistics: the JSON files keep them
         m = holder["m"]
         layers = layers_of(m, m.data["dtype"])
         opts = CompareOptions(("torch", "onnxrt"), "cpu", 1, None, out / "compare")
