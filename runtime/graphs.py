@@ -70,7 +70,7 @@ class GraphCache:
             except Exception as e:  # a capture that fails must not take the step down: eager, and say why
                 reason = f"capture failed: {type(e).__name__}: {e}"
                 self.stats.gate_failures.append(f"{g.mode.value} bucket {g.bucket}: {reason}")
-                self.selector.failed_buckets[(g.mode, g.bucket)] = reason
+                self.selector.fail_bucket(g.mode, g.bucket, reason)
                 self.selector.say(f"{g.mode.value} bucket {g.bucket} runs eagerly from now on: {reason}",
                                   logging.WARNING)
                 return Stack.hidden(self.stack.run(g.mode, g.engines, packed, ctx))
@@ -175,7 +175,7 @@ class GraphCache:
         diff = (got.double() - want.double()).abs().max().item()
         reason = f"replay differs from eager (max |output diff| {diff:.3e})"
         self.stats.gate_failures.append(f"{name}: {reason}")
-        self.selector.failed_buckets[(entry.mode, entry.bucket)] = reason
+        self.selector.fail_bucket(entry.mode, entry.bucket, reason)
         self.selector.say(f"{name} failed its acceptance gate, runs eagerly from now on: {reason}", logging.WARNING)
         del self._entries[key]
         return want

@@ -96,6 +96,13 @@ class Selector:
         self.engines, self.policy, self.ple_layers = engines, policy, ple_layers
         self._said: set[str] = set()
         self.failed_buckets: dict[tuple[LayerMode, int], str] = {}
+        # (kind, sequences, tokens) -> (mode, engines, bucket, vetoes): a steady decode loop selects once
+        self._memo: dict[tuple[StepKind, int, int], tuple] = {}
+
+    def fail_bucket(self, mode: LayerMode, bucket: int, reason: str) -> None:
+        """A graph bucket that failed its capture or acceptance gate runs eagerly from now on."""
+        self.failed_buckets[(mode, bucket)] = reason
+        self._memo.clear()
 
     def say(self, msg: str, level: int = logging.INFO) -> None:
         """Log `msg` the first time it is said."""
@@ -114,6 +121,17 @@ class Selector:
 
     def _group(self, kind: StepKind, work: tuple[Work, ...]) -> Group:
         n, tokens = len(work), sum(w.tokens for w in work)
+        key = (kind, n, tokens)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return Group(kind, hit[0], work, *hit[1:])
+        g = self._choose(kind, work, n, tokens)
+        if len(self._memo) > 4096:  # prefill token counts vary without bound
+            self._memo.clear()
+        self._memo[key] = (g.mode, g.engines, g.bucket, g.vetoes)
+        return g
+
+    def _choose(self, kind: StepKind, work: tuple[Work, ...], n: int, tokens: int) -> Group:
         refusals = []
         for mode in _CANDIDATES[(kind, n == 1)]:
             bucket = self._bucket(mode, n)

@@ -78,7 +78,9 @@ def test_ple_vetoes_decode_capture_unless_hoisted(layers):
 
 def test_failed_gate_vetoes_that_bucket_only(layers):
     sel = selector(layers)
-    sel.failed_buckets[(LayerMode.DECODE_MULTI_SEQ, 4)] = "replay differs"
+    (g,) = sel.select(work(StepKind.DECODE, [1, 1, 1]))
+    assert g.path == "graph"
+    sel.fail_bucket(LayerMode.DECODE_MULTI_SEQ, 4, "replay differs")
     (g,) = sel.select(work(StepKind.DECODE, [1, 1, 1]))
     assert g.path == "eager" and "failed its acceptance gate" in g.veto
     (g,) = sel.select(work(StepKind.DECODE, [1] * 6))
