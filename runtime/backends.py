@@ -3,17 +3,28 @@
 An engine runs one GDN layer in one `LayerMode` on the packed layout: `run(call, stream)` takes the step's
 activations, the layer's pools and the stash or capture buffers (`LayerCall`), writes the buffers in place and
 returns the activations (`StepOutput`). The runtime owns every buffer; engines own none.
+
+Plan manifests (`find_plans`): `gdn-trt build` writes, per (layer, mode), a plan and a manifest holding the config
+hash and the `GraphSpec` it was built from (DESIGN §5). The runtime trusts nothing else: every manifest under
+`engines_dir` is read, the ones of this model's config are indexed by (layer, mode), and a plan whose manifest
+names another config, another activation dtype or a layer the model does not have is an error that names the file
+and the mismatch (a plan built for another config must never run silently). No tensorrt import here, so these
+checks run anywhere.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from ..export.spec import GraphSpec
+from ..model.config import GdnConfig
 from ..model.layer import GdnLayer
 from ..model.modes import LayerMode
 from ..model.state import LayerState, StateCapture, StateStash, StepInput, StepOutput
@@ -125,3 +136,65 @@ def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None,
     log.info("backend auto -> trt from %s (torch-%s behind it for steps the profiles do not cover)",
              engines_dir, device.type)
     return [[t, *te] for t, te in zip(trt_engines, torch_engines)]
+
+
+# ---- plan manifests (no tensorrt import: these checks run anywhere) ----
+class PlanMismatchError(ValueError):
+    """A plan under engines_dir was built for another config, dtype or layer set: rebuild it."""
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """One engine file: its plan path, the GraphSpec it was built from, and the manifest's other fields."""
+
+    plan: Path
+    manifest: Path
+    spec: GraphSpec
+    versions: dict  # TensorRT, plugin, GPU as the manifest records them (logged, not interpreted)
+
+
+def _spec_of(m: dict, path: Path) -> GraphSpec:
+    raw = m.get("graph_spec") or m.get("spec")
+    if not isinstance(raw, dict):
+        raise PlanMismatchError(f"{path}: manifest has no GraphSpec ('graph_spec'); rebuild with gdn-trt build")
+    try:
+        return GraphSpec.from_json(raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise PlanMismatchError(f"{path}: unreadable GraphSpec ({e}); rebuild with gdn-trt build") from None
+
+
+def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str) -> dict[tuple[int, LayerMode], PlanInfo]:
+    """Every plan under `engines_dir` for `cfg`, by (layer, mode). Raises `PlanMismatchError` when a manifest
+    there names this model but another config hash or dtype, and `FileNotFoundError` when none is found."""
+    root = Path(engines_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"engines_dir {root} does not exist (run gdn-trt export and gdn-trt build)")
+    want, found = cfg.config_hash(), {}
+    for path in sorted(root.rglob("*.json")):
+        try:
+            m = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if not isinstance(m, dict) or not ("graph_spec" in m or "spec" in m):
+            continue  # not a plan manifest (e.g. an export manifest)
+        spec = _spec_of(m, path)
+        got = m.get("config_hash", spec.config_hash)
+        if got != want or spec.config_hash != want:
+            raise PlanMismatchError(f"{path}: built for config {spec.model!r} (hash {got}); this session runs "
+                                    f"{cfg.name!r} (hash {want}): rebuild the engines or point engines_dir elsewhere")
+        if spec.act_dtype != act_dtype:
+            raise PlanMismatchError(f"{path}: built for {spec.act_dtype} activations; the session computes in "
+                                    f"{act_dtype}")
+        if spec.layer_idx not in cfg.gdn_layer_ids:
+            raise PlanMismatchError(f"{path}: layer {spec.layer_idx} is not a GDN layer of {cfg.name}")
+        plan = path.parent / m.get("plan", path.with_suffix(".plan").name)
+        if not plan.is_file() or plan.stat().st_size == 0:
+            raise PlanMismatchError(f"{path}: its plan {plan} is missing or empty (a failed build?)")
+        key = (spec.layer_idx, spec.mode)
+        if key in found:
+            raise PlanMismatchError(f"two plans for layer {key[0]} {key[1].value}: {found[key].plan} and {plan}")
+        versions = {k: v for k, v in m.items() if k not in ("graph_spec", "spec")}
+        found[key] = PlanInfo(plan, path, spec, versions)
+    if not found:
+        raise FileNotFoundError(f"no plan manifests under {root} (run gdn-trt build)")
+    return found

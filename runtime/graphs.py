@@ -24,10 +24,8 @@ from torch import Tensor
 from ..model.modes import LayerMode
 from ..plugins.packing import Packing
 from .backends import Engine
-from .pleio import PleFeeds, StepRows
-from .select import Group, Selector
-from .stack import Packed, Stack, StepContext
-from .stats import GraphStats
+from .select import GraphStats, Group, Selector
+from .stack import Packed, PleFeeds, Stack, StepContext, StepRows
 
 log = logging.getLogger("gdn_trt.runtime")
 

@@ -19,9 +19,8 @@ import torch
 from torch import Tensor
 
 from .ple.hashing import as_ids
-from .pleio import StepRows
 from .select import Group, StepKind, Work
-from .stack import Stack, StepContext
+from .stack import Stack, StepContext, StepRows
 from .state import Fence, SlotState
 
 if TYPE_CHECKING:

@@ -21,8 +21,7 @@ from ..export.spec import GraphSpec, Role
 from ..model.config import GdnConfig
 from ..model.modes import LayerMode
 from ..model.state import StepOutput
-from .backends import Engine, LayerCall
-from .manifests import PlanInfo, find_plans
+from .backends import Engine, LayerCall, PlanInfo, find_plans
 
 log = logging.getLogger("gdn_trt.runtime")
 _LOGGER = trt.Logger(trt.Logger.WARNING)
