@@ -47,26 +47,27 @@ TUNING = Tuning()
 
 
 @triton.jit
-def load_taps(x, pool_row, o_d, m_d, b_pos, bos, s_xt, STATE_LEN: tl.constexpr):
-    """Buffer columns b_pos (any shape broadcast against o_d) as fp32: hist for b < n, x rows after."""
+def load_taps(x_seq, pool_row, o_d, m_d, b_pos, s_xt, STATE_LEN: tl.constexpr):
+    """Buffer columns b_pos (int32, any shape broadcast against o_d) as fp32: hist for b < n, else the rows of x
+    (x_seq points at the sequence's first row)."""
     b_pos = b_pos + tl.zeros_like(o_d)  # broadcast a scalar position first (the interpreter needs a vector mask)
     m_hist = m_d & (b_pos < STATE_LEN)
     m_x = m_d & (b_pos >= STATE_LEN)
     b_h = tl.load(pool_row + o_d * STATE_LEN + b_pos, mask=m_hist, other=0.0)
-    b_x = tl.load(x + (bos + b_pos - STATE_LEN) * s_xt + o_d, mask=m_x, other=0.0)
+    b_x = tl.load(x_seq + (b_pos - STATE_LEN) * s_xt + o_d, mask=m_x, other=0.0)
     return b_h.to(tl.float32) + b_x.to(tl.float32)
 
 
 @triton.jit
-def conv_taps(x, weight, pool_row, o_d, m_d, m, b_i, bos, s_xt, s_wd,
+def conv_taps(x_seq, weight, pool_row, o_d, m_d, m, b_i, s_xt, s_wd,
               W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr):
     """y at sequence-local positions b_i (broadcast against channels o_d, mask m; m_d masks the channels only):
     act(sum_j w[:, j] x[i - (W-1-j) dil])."""
     b_y = tl.load(weight + o_d * s_wd, mask=m_d, other=0.0).to(tl.float32) * load_taps(
-        x, pool_row, o_d, m, STATE_LEN + b_i - (W - 1) * DIL, bos, s_xt, STATE_LEN)
+        x_seq, pool_row, o_d, m, STATE_LEN + b_i - (W - 1) * DIL, s_xt, STATE_LEN)
     for j in tl.static_range(1, W):
         b_w = tl.load(weight + o_d * s_wd + j, mask=m_d, other=0.0).to(tl.float32)
-        b_y += b_w * load_taps(x, pool_row, o_d, m, STATE_LEN + b_i - (W - 1 - j) * DIL, bos, s_xt, STATE_LEN)
+        b_y += b_w * load_taps(x_seq, pool_row, o_d, m, STATE_LEN + b_i - (W - 1 - j) * DIL, s_xt, STATE_LEN)
     if ACT == 1:
         b_y = b_y * tl.sigmoid(b_y)
     return b_y
@@ -81,27 +82,30 @@ def conv_update_kernel(
 ):
     i_d, i_n = tl.program_id(0), tl.program_id(1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    n_t = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
     slot = tl.load(slots + i_n).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
+    y += bos * D
     if slot < 0:
-        for t in range(bos, eos):
-            tl.store(y + t * D + o_d, tl.zeros([BD], dtype=y.dtype.element_ty), mask=m_d)
+        for i in range(0, n_t):
+            tl.store(y + i * D + o_d, tl.zeros([BD], dtype=y.dtype.element_ty), mask=m_d)
         return
+    x += bos * s_xt
     pool_row = pool + slot * D * STATE_LEN
     o_s = tl.arange(0, BS)
     m_ds = m_d[:, None] & (o_s < STATE_LEN)[None, :]
     o_ds = o_d[:, None] * STATE_LEN + o_s[None, :]
-    for t in range(bos, eos):
-        b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, t - bos, bos, s_xt, s_wd, W, DIL, STATE_LEN, ACT)
-        tl.store(y + t * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
+    stash += bos * D * STATE_LEN
+    for i in range(0, n_t):
+        b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, i, s_xt, s_wd, W, DIL, STATE_LEN, ACT)
+        tl.store(y + i * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
         if STASH:
-            b_win = load_taps(x, pool_row, o_d[:, None], m_ds, (t - bos + 1) + o_s[None, :], bos, s_xt, STATE_LEN)
-            tl.store(stash + t * D * STATE_LEN + o_ds, b_win.to(stash.dtype.element_ty), mask=m_ds)
+            b_win = load_taps(x, pool_row, o_d[:, None], m_ds, (i + 1) + o_s[None, :], s_xt, STATE_LEN)
+            tl.store(stash + i * D * STATE_LEN + o_ds, b_win.to(stash.dtype.element_ty), mask=m_ds)
     if not STASH:
-        if eos > bos:
-            b_win = load_taps(x, pool_row, o_d[:, None], m_ds, (eos - bos) + o_s[None, :], bos, s_xt, STATE_LEN)
+        if n_t > 0:
+            b_win = load_taps(x, pool_row, o_d[:, None], m_ds, n_t + o_s[None, :], s_xt, STATE_LEN)
             tl.debug_barrier()  # every read of the history row precedes its overwrite
             tl.store(pool_row + o_ds, b_win.to(pool.dtype.element_ty), mask=m_ds)
 
@@ -123,21 +127,21 @@ def conv_chunk_kernel(
     if i_n >= N:
         return
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    n_t = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
     slot = tl.load(slots + i_n).to(tl.int64)
-    i_t0 = (i_c - tl.sum(tl.where(o_n == i_n, b_end - b_cnt, 0), 0)).to(tl.int64) * BT
+    i_t0 = (i_c - tl.sum(tl.where(o_n == i_n, b_end - b_cnt, 0), 0)) * BT
 
-    o_i = i_t0 + tl.arange(0, BT)  # sequence-local token positions
-    m_t = o_i < eos - bos
+    o_i = i_t0 + tl.arange(0, BT)  # sequence-local token positions (int32)
+    m_t = o_i < n_t
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     m_y = m_t[:, None] & m_d[None, :]
-    p_y = y + (bos + o_i)[:, None] * D + o_d[None, :]
+    p_y = y + bos * D + o_i[:, None] * D + o_d[None, :]
     if slot < 0:
         tl.store(p_y, tl.zeros([BT, BD], dtype=y.dtype.element_ty), mask=m_y)
         return
-    b_y = conv_taps(x, weight, pool + slot * D * STATE_LEN, o_d[None, :], m_d[None, :], m_y, o_i[:, None], bos,
-                    s_xt, s_wd, W, DIL, STATE_LEN, ACT)
+    b_y = conv_taps(x + bos * s_xt, weight, pool + slot * D * STATE_LEN, o_d[None, :], m_d[None, :], m_y,
+                    o_i[:, None], s_xt, s_wd, W, DIL, STATE_LEN, ACT)
     tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_y)
 
 
@@ -151,18 +155,19 @@ def conv_state_kernel(
     if slot < 0:
         return
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    length = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
-    c_at = tl.load(capture_at + i_n).to(tl.int64)
+    length = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
+    c_at = tl.load(capture_at + i_n)
+    x += bos * s_xt
     o_d = i_d * BD + tl.arange(0, BD)
     o_s = tl.arange(0, BS)
     m_ds = (o_d < D)[:, None] & (o_s < STATE_LEN)[None, :]
     o_ds = o_d[:, None] * STATE_LEN + o_s[None, :]
     pool_row = pool + slot * D * STATE_LEN
     if c_at >= 0:
-        b_win = load_taps(x, pool_row, o_d[:, None], m_ds, c_at + o_s[None, :], bos, s_xt, STATE_LEN)
+        b_win = load_taps(x, pool_row, o_d[:, None], m_ds, c_at + o_s[None, :], s_xt, STATE_LEN)
         tl.store(cap + i_n * D * STATE_LEN + o_ds, b_win.to(cap.dtype.element_ty), mask=m_ds)
     if length > 0:
-        b_win = load_taps(x, pool_row, o_d[:, None], m_ds, length + o_s[None, :], bos, s_xt, STATE_LEN)
+        b_win = load_taps(x, pool_row, o_d[:, None], m_ds, length + o_s[None, :], s_xt, STATE_LEN)
         tl.debug_barrier()  # every read of the history row precedes its overwrite
         tl.store(pool_row + o_ds, b_win.to(pool.dtype.element_ty), mask=m_ds)
 

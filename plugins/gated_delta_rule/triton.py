@@ -31,7 +31,7 @@ class Tuning:
 
     rec_bv: int = 32  # V-tile of the recurrent kernel: NV = V / rec_bv programs per (sequence, head)
     rec_warps: int = 4
-    prep_warps: int = 4
+    prep_warps: int = 8
     state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
     state_warps: int = 4
     state_stages: int = 2
@@ -126,23 +126,21 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
     o = _new((T, HV, V), dt, dev)
     if N == 0:
         return o
-    w = _new((T, HV, K), dt, dev)
+    qn, kn, w = _new((T, H, K), dt, dev), _new((T, H, K), dt, dev), _new((T, HV, K), dt, dev)
     u, v_new = _new((T, HV, V), dt, dev), _new((T, HV, V), dt, dev)
     gam = _new((T, HV), torch.float32, dev)
     h = _new((n_chunks, HV, K, V), dt, dev)
     meta = dict(H=H, HV=HV, K=K, V=V, BK=BK, BN=BN, BT=BT, PREC=prec)
     if T > 0:
         gdn_chunk_prep_kernel[(n_chunks, HV)](
-            k, v, a, b, x.A_log, x.dt_bias, w, u, gam, pack.cu_seqlens, pack.slots, capture.at, N,
-            *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(),
+            q, k, v, a, b, x.A_log, x.dt_bias, qn, kn, w, u, gam, pack.cu_seqlens, pack.slots, capture.at, N,
+            *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
             BV=min(64, max(16, triton.next_power_of_2(V))), BC=BC, num_warps=tuning.prep_warps, **meta)
     BVs = min(tuning.state_bv, max(16, triton.next_power_of_2(V)))
     gdn_chunk_state_kernel[(triton.cdiv(V, BVs), HV, N)](
-        k, w, u, gam, h, v_new, ssm_pool, capture.buf, pack.cu_seqlens, pack.slots, capture.at, N,
-        *k.stride()[:2], BV=BVs, num_warps=tuning.state_warps, num_stages=tuning.state_stages, **meta)
+        kn, w, u, gam, h, v_new, ssm_pool, capture.buf, pack.cu_seqlens, pack.slots, capture.at, N, BV=BVs, num_warps=tuning.state_warps, num_stages=tuning.state_stages, **meta)
     if T > 0:
         BVo = min(tuning.out_bv, max(16, triton.next_power_of_2(V)))
         gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, HV)](
-            q, k, gam, h, v_new, o, pack.cu_seqlens, pack.slots, capture.at, N,
-            *q.stride()[:2], *k.stride()[:2], K ** -0.5, BV=BVo, num_warps=tuning.out_warps, **meta)
+            qn, kn, gam, h, v_new, o, pack.cu_seqlens, pack.slots, capture.at, N, BV=BVo, num_warps=tuning.out_warps, **meta)
     return o

@@ -30,6 +30,10 @@ BT = 64  # chunk size
 BC = 16  # sub-block of the triangular solve
 
 
+# Addressing: per-program base pointers are moved with int64 scalars (token start, head); offsets inside a tile
+# stay int32 (at most one chunk of rows), which keeps 64-bit address tiles out of the registers.
+
+
 @triton.jit
 def seq_chunk_counts(cu_seqlens, capture_at, N, BN: tl.constexpr, BT: tl.constexpr):
     """Vectors over sequences: start, length, first-segment length `cut` (0 when the capture point does not split
@@ -46,48 +50,61 @@ def seq_chunk_counts(cu_seqlens, capture_at, N, BN: tl.constexpr, BT: tl.constex
 
 @triton.jit
 def chunk_bounds(j, bos, length, cut, BT: tl.constexpr):
-    """Token range [start, stop) of chunk j of a sequence (chunks restart at the cut)."""
+    """Chunk j of a sequence (chunks restart at the cut): first token (int64) and number of tokens (<= BT)."""
     nc1 = (cut + BT - 1) // BT
     start = tl.where(j < nc1, bos + j * BT, bos + cut + (j - nc1) * BT)
     stop = tl.minimum(start + BT, tl.where(j < nc1, bos + cut, bos + length))
-    return start.to(tl.int64), stop.to(tl.int64)
+    return start.to(tl.int64), (stop - start).to(tl.int32)
 
 
 @triton.jit
 def locate_chunk(i_c, cu_seqlens, capture_at, N, BN: tl.constexpr, BT: tl.constexpr):
-    """Global chunk index -> (sequence i_n (N when past the last chunk), start, stop)."""
+    """Global chunk index -> (sequence i_n (N when past the last chunk), first token, number of tokens)."""
     o_n, b_bos, b_len, b_cut, b_cnt = seq_chunk_counts(cu_seqlens, capture_at, N, BN, BT)
     b_end = tl.cumsum(b_cnt, 0)
     i_n = tl.sum((b_end <= i_c).to(tl.int32), 0)
     m_sel = o_n == i_n
     j = i_c - tl.sum(tl.where(m_sel, b_end - b_cnt, 0), 0)
-    start, stop = chunk_bounds(j, tl.sum(tl.where(m_sel, b_bos, 0), 0), tl.sum(tl.where(m_sel, b_len, 0), 0),
-                               tl.sum(tl.where(m_sel, b_cut, 0), 0), BT)
-    return i_n, start, stop
+    start, n_t = chunk_bounds(j, tl.sum(tl.where(m_sel, b_bos, 0), 0), tl.sum(tl.where(m_sel, b_len, 0), 0),
+                              tl.sum(tl.where(m_sel, b_cut, 0), 0), BT)
+    return i_n, start, n_t
 
 
 @triton.jit
-def prep_rows(k, a, b, b_Aexp, b_dt, row0, stop, carry, s_kt, s_at, s_bt,
-              K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr):
-    """One 16-row sub-block: normalised k [BC, BK] fp32, gamma [BC] (cumsum continued from `carry`), beta [BC],
-    row mask, and the new carry. `k`, `a`, `b` point at the head's column; rows past `stop` read as zero."""
-    o_t = row0 + tl.arange(0, BC)
-    m_t = o_t < stop
+def normalize_rows(x, xn, i0, n_t, n_write, scale, s_xt, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                   BC: tl.constexpr):
+    """Chunk rows [i0, i0 + BC) of one head of q or k, L2-normalised and scaled, in xn's dtype [BC, BK]; rows
+    below n_write are also stored to xn ([T, H, K]). x and xn point at the chunk's first row of the head; rows
+    past n_t are zero."""
+    o_i = i0 + tl.arange(0, BC)
     o_k = tl.arange(0, BK)
-    b_k = tl.load(k + o_t[:, None] * s_kt + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
-    b_k = l2norm_rows(b_k.to(tl.float32), 1)
-    b_g = b_Aexp * softplus(tl.load(a + o_t * s_at, mask=m_t, other=0.0).to(tl.float32) + b_dt)
+    m_k = (o_k < K)[None, :]
+    b_x = tl.load(x + o_i[:, None] * s_xt + o_k[None, :], mask=(o_i < n_t)[:, None] & m_k, other=0.0)
+    b_x = (l2norm_rows(b_x.to(tl.float32), 1) * scale).to(xn.dtype.element_ty)
+    tl.store(xn + o_i[:, None] * (H * K) + o_k[None, :], b_x, mask=(o_i < n_write)[:, None] & m_k)
+    return b_x
+
+
+@triton.jit
+def prep_rows(k, kn, a, b, b_Aexp, b_dt, i0, n_t, n_write, carry, s_kt, s_at, s_bt,
+              H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr):
+    """Chunk rows [i0, i0 + BC): normalised k [BC, BK] (dot dtype; stored to kn below n_write), gamma [BC] (the
+    cumsum of g continued from `carry`), beta [BC], row mask and the new carry. Rows past n_t have g = beta = 0."""
+    o_i = i0 + tl.arange(0, BC)
+    m_t = o_i < n_t
+    b_k = normalize_rows(k, kn, i0, n_t, n_write, 1.0, s_kt, H, K, BK, BC)
+    b_g = b_Aexp * softplus(tl.load(a + o_i * s_at, mask=m_t, other=0.0).to(tl.float32) + b_dt)
     b_g = tl.where(m_t, b_g, 0.0)
-    b_beta = tl.where(m_t, tl.sigmoid(tl.load(b + o_t * s_bt, mask=m_t, other=0.0).to(tl.float32)), 0.0)
+    b_beta = tl.where(m_t, tl.sigmoid(tl.load(b + o_i * s_bt, mask=m_t, other=0.0).to(tl.float32)), 0.0)
     b_gam = tl.cumsum(b_g, 0) + carry
     return b_k, b_gam, b_beta, m_t, carry + tl.sum(b_g, 0)
 
 
 @triton.jit
-def kkt_block(b_ki, b_kj, b_gi, b_gj, b_bi, DIAG: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr,
-              PREC: tl.constexpr):
-    """A_ij = beta_i (k_i k_j^T) e^(gamma_i - gamma_j), strictly lower on a diagonal block (masked before exp)."""
-    b_A = tl.dot(b_ki.to(DT), tl.trans(b_kj.to(DT)), input_precision=PREC)
+def kkt_block(b_ki, b_kj, b_gi, b_gj, b_bi, DIAG: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+    """A_ij = beta_i (k_i k_j^T) e^(gamma_i - gamma_j), strictly lower on a diagonal block (masked before exp:
+    gamma_i - gamma_j > 0 above the diagonal and may overflow)."""
+    b_A = tl.dot(b_ki, tl.trans(b_kj), input_precision=PREC)
     b_d = b_gi[:, None] - b_gj[None, :]
     if DIAG:
         o_i = tl.arange(0, BC)
@@ -100,7 +117,7 @@ def kkt_block(b_ki, b_kj, b_gi, b_gj, b_bi, DIAG: tl.constexpr, BC: tl.constexpr
 
 @triton.jit
 def inv_diag_block(b_A, BC: tl.constexpr):
-    """(I + A)^-1 of a strictly lower triangular [BC, BC] block by forward substitution, row by row."""
+    """(I + A)^-1 of a strictly lower triangular [BC, BC] block by forward substitution, row by row (fp32)."""
     o_i = tl.arange(0, BC)
     b_Ai = -b_A
     for i in range(2, BC):
@@ -127,48 +144,56 @@ def wu_rows(b_T0, b_T1, b_T2, b_T3, b_x0, b_x1, b_x2, b_x3, N_TERMS: tl.constexp
 
 @triton.jit
 def gdn_chunk_prep_kernel(
-    k, v, a, b, A_log, dt_bias,  # strided views as in the recurrent kernel
+    q, k, v, a, b, A_log, dt_bias,  # strided views as in the recurrent kernel
+    qn, kn,  # [T, H, K] activation dtype: q / sqrt(sum q^2 + eps) * scale and k / sqrt(sum k^2 + eps)
     w, u, gam,  # [T, HV, K], [T, HV, V] activation dtype; [T, HV] fp32
     cu_seqlens, slots, capture_at, N,
-    s_kt, s_kh, s_vt, s_vh, s_at, s_ah, s_bt, s_bh,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_at, s_ah, s_bt, s_bh, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     PREC: tl.constexpr,
 ):
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
-    i_n, start, stop = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
+    i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
         return
     if tl.load(slots + i_n) < 0:
         return
     DT = w.dtype.element_ty
-    i_h = i_hv // (HV // H)
+    G: tl.constexpr = HV // H
+    i_h = i_hv // G
     b_Aexp = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
-    k += i_h * s_kh
-    a += i_hv * s_ah
-    b += i_hv * s_bh
-
-    carry = 0.0
-    b_k0, b_g0, b_b0, m_0, carry = prep_rows(k, a, b, b_Aexp, b_dt, start, stop, carry, s_kt, s_at, s_bt, K, BK, BC)
-    b_k1, b_g1, b_b1, m_1, carry = prep_rows(k, a, b, b_Aexp, b_dt, start + BC, stop, carry, s_kt, s_at, s_bt,
-                                             K, BK, BC)
-    b_k2, b_g2, b_b2, m_2, carry = prep_rows(k, a, b, b_Aexp, b_dt, start + 2 * BC, stop, carry, s_kt, s_at, s_bt,
-                                             K, BK, BC)
-    b_k3, b_g3, b_b3, m_3, carry = prep_rows(k, a, b, b_Aexp, b_dt, start + 3 * BC, stop, carry, s_kt, s_at, s_bt,
-                                             K, BK, BC)
+    k += start * s_kt + i_h * s_kh
+    a += start * s_at + i_hv * s_ah
+    b += start * s_bt + i_hv * s_bh
+    kn += (start * H + i_h) * K
+    # the first value head of each group writes the normalised q and k of its key head
+    n_write = tl.where(i_hv % G == 0, n_t, 0)
+    if i_hv % G == 0:
+        for i in tl.static_range(0, BT // BC):
+            normalize_rows(q + start * s_qt + i_h * s_qh, qn + (start * H + i_h) * K, i * BC, n_t, n_write, scale,
+                           s_qt, H, K, BK, BC)
+    b_k0, b_g0, b_b0, m_0, c = prep_rows(k, kn, a, b, b_Aexp, b_dt, 0, n_t, n_write, 0.0, s_kt, s_at, s_bt,
+                                         H, K, BK, BC)
+    b_k1, b_g1, b_b1, m_1, c = prep_rows(k, kn, a, b, b_Aexp, b_dt, BC, n_t, n_write, c, s_kt, s_at, s_bt,
+                                         H, K, BK, BC)
+    b_k2, b_g2, b_b2, m_2, c = prep_rows(k, kn, a, b, b_Aexp, b_dt, 2 * BC, n_t, n_write, c, s_kt, s_at, s_bt,
+                                         H, K, BK, BC)
+    b_k3, b_g3, b_b3, m_3, c = prep_rows(k, kn, a, b, b_Aexp, b_dt, 3 * BC, n_t, n_write, c, s_kt, s_at, s_bt,
+                                         H, K, BK, BC)
 
     # A = beta k k^T e^(gamma_r - gamma_s), strictly lower, as 10 blocks of 16 x 16
-    b_A00 = kkt_block(b_k0, b_k0, b_g0, b_g0, b_b0, True, BC, DT, PREC)
-    b_A11 = kkt_block(b_k1, b_k1, b_g1, b_g1, b_b1, True, BC, DT, PREC)
-    b_A22 = kkt_block(b_k2, b_k2, b_g2, b_g2, b_b2, True, BC, DT, PREC)
-    b_A33 = kkt_block(b_k3, b_k3, b_g3, b_g3, b_b3, True, BC, DT, PREC)
-    b_A10 = kkt_block(b_k1, b_k0, b_g1, b_g0, b_b1, False, BC, DT, PREC)
-    b_A20 = kkt_block(b_k2, b_k0, b_g2, b_g0, b_b2, False, BC, DT, PREC)
-    b_A21 = kkt_block(b_k2, b_k1, b_g2, b_g1, b_b2, False, BC, DT, PREC)
-    b_A30 = kkt_block(b_k3, b_k0, b_g3, b_g0, b_b3, False, BC, DT, PREC)
-    b_A31 = kkt_block(b_k3, b_k1, b_g3, b_g1, b_b3, False, BC, DT, PREC)
-    b_A32 = kkt_block(b_k3, b_k2, b_g3, b_g2, b_b3, False, BC, DT, PREC)
+    b_A00 = kkt_block(b_k0, b_k0, b_g0, b_g0, b_b0, True, BC, PREC)
+    b_A11 = kkt_block(b_k1, b_k1, b_g1, b_g1, b_b1, True, BC, PREC)
+    b_A22 = kkt_block(b_k2, b_k2, b_g2, b_g2, b_b2, True, BC, PREC)
+    b_A33 = kkt_block(b_k3, b_k3, b_g3, b_g3, b_b3, True, BC, PREC)
+    b_A10 = kkt_block(b_k1, b_k0, b_g1, b_g0, b_b1, False, BC, PREC)
+    b_A20 = kkt_block(b_k2, b_k0, b_g2, b_g0, b_b2, False, BC, PREC)
+    b_A21 = kkt_block(b_k2, b_k1, b_g2, b_g1, b_b2, False, BC, PREC)
+    b_A30 = kkt_block(b_k3, b_k0, b_g3, b_g0, b_b3, False, BC, PREC)
+    b_A31 = kkt_block(b_k3, b_k1, b_g3, b_g1, b_b3, False, BC, PREC)
+    b_A32 = kkt_block(b_k3, b_k2, b_g3, b_g2, b_b3, False, BC, PREC)
 
     # T = (I + A)^-1: diagonal blocks by substitution, then T_ij = -T_ii sum_{j<=m<i} A_im T_mj (fp32 operands)
     b_T00 = inv_diag_block(b_A00, BC)
@@ -187,40 +212,40 @@ def gdn_chunk_prep_kernel(
                     + tl.dot(b_A32, b_T20, input_precision=PREC), input_precision=PREC)
 
     # gamma and w = T diag(beta e^gamma) k
-    o_t = start + tl.arange(0, BC)
+    o_i = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    p_gam = gam + o_t * HV + i_hv
-    tl.store(p_gam, b_g0, mask=m_0)
-    tl.store(p_gam + BC * HV, b_g1, mask=m_1)
-    tl.store(p_gam + 2 * BC * HV, b_g2, mask=m_2)
-    tl.store(p_gam + 3 * BC * HV, b_g3, mask=m_3)
-    b_x0 = b_k0 * (b_b0 * tl.exp(b_g0))[:, None]
-    b_x1 = b_k1 * (b_b1 * tl.exp(b_g1))[:, None]
-    b_x2 = b_k2 * (b_b2 * tl.exp(b_g2))[:, None]
-    b_x3 = b_k3 * (b_b3 * tl.exp(b_g3))[:, None]
-    p_w = w + (o_t * HV + i_hv)[:, None] * K + o_k[None, :]
-    m_w = m_k[None, :]
+    m_k = (o_k < K)[None, :]
+    gam += start * HV + i_hv
+    tl.store(gam + o_i * HV, b_g0, mask=m_0)
+    tl.store(gam + (BC + o_i) * HV, b_g1, mask=m_1)
+    tl.store(gam + (2 * BC + o_i) * HV, b_g2, mask=m_2)
+    tl.store(gam + (3 * BC + o_i) * HV, b_g3, mask=m_3)
+    b_x0 = b_k0.to(tl.float32) * (b_b0 * tl.exp(b_g0))[:, None]
+    b_x1 = b_k1.to(tl.float32) * (b_b1 * tl.exp(b_g1))[:, None]
+    b_x2 = b_k2.to(tl.float32) * (b_b2 * tl.exp(b_g2))[:, None]
+    b_x3 = b_k3.to(tl.float32) * (b_b3 * tl.exp(b_g3))[:, None]
+    p_w = w + (start * HV + i_hv) * K + o_i[:, None] * (HV * K) + o_k[None, :]
     tl.store(p_w, wu_rows(b_T00, b_T00, b_T00, b_T00, b_x0, b_x0, b_x0, b_x0, 1, DT, PREC).to(DT),
-             mask=m_0[:, None] & m_w)
+             mask=m_0[:, None] & m_k)
     tl.store(p_w + BC * HV * K, wu_rows(b_T10, b_T11, b_T11, b_T11, b_x0, b_x1, b_x1, b_x1, 2, DT, PREC).to(DT),
-             mask=m_1[:, None] & m_w)
+             mask=m_1[:, None] & m_k)
     tl.store(p_w + 2 * BC * HV * K, wu_rows(b_T20, b_T21, b_T22, b_T22, b_x0, b_x1, b_x2, b_x2, 3, DT, PREC
-                                            ).to(DT), mask=m_2[:, None] & m_w)
+                                            ).to(DT), mask=m_2[:, None] & m_k)
     tl.store(p_w + 3 * BC * HV * K, wu_rows(b_T30, b_T31, b_T32, b_T33, b_x0, b_x1, b_x2, b_x3, 4, DT, PREC
-                                            ).to(DT), mask=m_3[:, None] & m_w)
+                                            ).to(DT), mask=m_3[:, None] & m_k)
 
     # u = T diag(beta) v, by V-tiles
-    v += i_hv * s_vh
+    v += start * s_vt + i_hv * s_vh
+    u += (start * HV + i_hv) * V
     for i_v in tl.static_range(0, (V + BV - 1) // BV):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = (o_v < V)[None, :]
-        p_v = v + o_t[:, None] * s_vt + o_v[None, :]
+        p_v = v + o_i[:, None] * s_vt + o_v[None, :]
         b_v0 = tl.load(p_v, mask=m_0[:, None] & m_v, other=0.0).to(tl.float32) * b_b0[:, None]
         b_v1 = tl.load(p_v + BC * s_vt, mask=m_1[:, None] & m_v, other=0.0).to(tl.float32) * b_b1[:, None]
         b_v2 = tl.load(p_v + 2 * BC * s_vt, mask=m_2[:, None] & m_v, other=0.0).to(tl.float32) * b_b2[:, None]
         b_v3 = tl.load(p_v + 3 * BC * s_vt, mask=m_3[:, None] & m_v, other=0.0).to(tl.float32) * b_b3[:, None]
-        p_u = u + (o_t * HV + i_hv)[:, None] * V + o_v[None, :]
+        p_u = u + o_i[:, None] * (HV * V) + o_v[None, :]
         tl.store(p_u, wu_rows(b_T00, b_T00, b_T00, b_T00, b_v0, b_v0, b_v0, b_v0, 1, DT, PREC).to(DT),
                  mask=m_0[:, None] & m_v)
         tl.store(p_u + BC * HV * V, wu_rows(b_T10, b_T11, b_T11, b_T11, b_v0, b_v1, b_v1, b_v1, 2, DT, PREC
@@ -233,11 +258,10 @@ def gdn_chunk_prep_kernel(
 
 @triton.jit
 def gdn_chunk_state_kernel(
-    k, w, u, gam,  # k strided [T, H, K]; w, u, gam from the prep pass
+    kn, w, u, gam,  # from the prep pass
     h, v_new,  # [chunks, HV, K, V], [T, HV, V] activation dtype: per-chunk start states and v_new for pass 3
     pool, cap,  # [S, HV, K, V], [N, HV, K, V] fp32
     cu_seqlens, slots, capture_at, N,
-    s_kt, s_kh,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -254,88 +278,88 @@ def gdn_chunk_state_kernel(
     cut = tl.sum(tl.where(m_sel, b_cut, 0), 0)
     n_chunks = tl.sum(tl.where(m_sel, b_cnt, 0), 0)
     i_c0 = tl.sum(tl.where(o_n < i_n, b_cnt, 0), 0).to(tl.int64)  # global index of the first chunk
-    c_at = tl.load(capture_at + i_n).to(tl.int64)
+    c_at = tl.load(capture_at + i_n)
 
+    o_i = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
     m_h = m_k[:, None] & m_v[None, :]
     o_h = o_k[:, None] * V + o_v[None, :]
-    p_pool = pool + (slot * HV + i_hv) * K * V + o_h
-    p_cap = cap + (i_n * HV + i_hv) * K * V + o_h
-    b_h = tl.load(p_pool, mask=m_h, other=0.0)
-    k += i_h * s_kh
+    pool += (slot * HV + i_hv) * K * V
+    cap += (i_n * HV + i_hv).to(tl.int64) * K * V
+    b_h = tl.load(pool + o_h, mask=m_h, other=0.0)
 
     for j in range(0, n_chunks):
-        start, stop = chunk_bounds(j, bos, length, cut, BT)
+        start, n_t = chunk_bounds(j, bos, length, cut, BT)
         if start == bos + c_at:
-            tl.store(p_cap, b_h, mask=m_h)
+            tl.store(cap + o_h, b_h, mask=m_h)
         tl.store(h + ((i_c0 + j) * HV + i_hv) * K * V + o_h, b_h.to(DT), mask=m_h)
-        o_t = start + tl.arange(0, BT)
-        m_t = o_t < stop
-        b_w = tl.load(w + (o_t * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        p_u = (o_t * HV + i_hv)[:, None] * V + o_v[None, :]
-        b_v = tl.load(u + p_u, mask=m_t[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+        m_t = o_i < n_t
+        b_w = tl.load(w + (start * HV + i_hv) * K + o_i[:, None] * (HV * K) + o_k[None, :],
+                      mask=m_t[:, None] & m_k[None, :], other=0.0)
+        o_u = (start * HV + i_hv) * V
+        m_u = m_t[:, None] & m_v[None, :]
+        p_u = o_i[:, None] * (HV * V) + o_v[None, :]
+        b_v = tl.load(u + o_u + p_u, mask=m_u, other=0.0).to(tl.float32)
         b_v -= tl.dot(b_w, b_h.to(DT), input_precision=PREC)
-        tl.store(v_new + p_u, b_v.to(DT), mask=m_t[:, None] & m_v[None, :])
+        tl.store(v_new + o_u + p_u, b_v.to(DT), mask=m_u)
 
-        b_gam = tl.load(gam + o_t * HV + i_hv, mask=m_t, other=0.0)
-        b_last = tl.load(gam + (stop - 1) * HV + i_hv)
+        b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
+        b_last = tl.load(gam + (start + n_t - 1) * HV + i_hv)
         b_v *= tl.where(m_t, tl.exp(b_last - b_gam), 0.0)[:, None]
-        # k^T as [BK, BT], normalised per token (column)
-        b_kt = tl.load(k + o_t[None, :] * s_kt + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
-        b_kt = l2norm_rows(b_kt.to(tl.float32), 0)
+        b_kt = tl.load(kn + (start * H + i_h) * K + o_i[None, :] * (H * K) + o_k[:, None],
+                       mask=m_k[:, None] & m_t[None, :], other=0.0)
         b_h *= tl.exp(b_last)
-        b_h = tl.dot(b_kt.to(DT), b_v.to(DT), b_h, input_precision=PREC)
+        b_h = tl.dot(b_kt, b_v.to(DT), b_h, input_precision=PREC)
 
     if length == c_at:
-        tl.store(p_cap, b_h, mask=m_h)
+        tl.store(cap + o_h, b_h, mask=m_h)
     if length > 0:
-        tl.store(p_pool, b_h, mask=m_h)
+        tl.store(pool + o_h, b_h, mask=m_h)
 
 
 @triton.jit
 def gdn_chunk_out_kernel(
-    q, k, gam, h, v_new, o,
+    qn, kn, gam, h, v_new, o,
     cu_seqlens, slots, capture_at, N,
-    s_qt, s_qh, s_kt, s_kh, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
 ):
     i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, start, stop = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
+    i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
         return
     DT = v_new.dtype.element_ty
-    o_t = start + tl.arange(0, BT)
-    m_t = o_t < stop
+    o_i = tl.arange(0, BT)
+    m_t = o_i < n_t
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    p_o = o + (o_t * HV + i_hv)[:, None] * V + o_v[None, :]
     m_o = m_t[:, None] & m_v[None, :]
+    o_o = (start * HV + i_hv) * V
+    p_o = o_i[:, None] * (HV * V) + o_v[None, :]
     if tl.load(slots + i_n) < 0:
-        tl.store(p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=m_o)
+        tl.store(o + o_o + p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty), mask=m_o)
         return
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
-    b_q = tl.load(q + o_t[:, None] * s_qt + i_h * s_qh + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-    b_q = (l2norm_rows(b_q, 1) * scale).to(DT)
-    b_k = tl.load(k + o_t[:, None] * s_kt + i_h * s_kh + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-    b_k = l2norm_rows(b_k, 1).to(DT)
-    b_gam = tl.load(gam + o_t * HV + i_hv, mask=m_t, other=0.0)
+    o_qk = (start * H + i_h) * K
+    p_qk = o_i[:, None] * (H * K) + o_k[None, :]
+    b_q = tl.load(qn + o_qk + p_qk, mask=m_tk, other=0.0)
+    b_k = tl.load(kn + o_qk + p_qk, mask=m_tk, other=0.0)
+    b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
 
-    # h is indexed by the global chunk index, the same numbering the state pass uses
+    # h is indexed by the global chunk index, the numbering the state pass uses
     b_h = tl.load(h + (i_c.to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
                   mask=m_k[:, None] & m_v[None, :], other=0.0)
     b_o = tl.dot(b_q, b_h, input_precision=PREC) * tl.exp(b_gam)[:, None]
 
-    o_i = tl.arange(0, BT)
     m_inc = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
     b_s = tl.where(m_inc, b_s * tl.exp(tl.where(m_inc, b_gam[:, None] - b_gam[None, :], 0.0)), 0.0)
-    b_vn = tl.load(v_new + (o_t * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_o, other=0.0)
+    b_vn = tl.load(v_new + o_o + p_o, mask=m_o, other=0.0)
     b_o = tl.dot(b_s.to(DT), b_vn, b_o, input_precision=PREC)
-    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_o)
+    tl.store(o + o_o + p_o, b_o.to(o.dtype.element_ty), mask=m_o)

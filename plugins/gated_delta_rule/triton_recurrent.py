@@ -61,8 +61,8 @@ def gdn_recurrent_kernel(
         return  # no tokens (a verify row without drafts): the state stays as it is
 
     o_h = o_k[:, None] * V + o_v[None, :]
-    p_h = pool + (slot * HV + i_hv) * K * V + o_h
-    b_h = tl.load(p_h, mask=m_h, other=0.0)
+    pool += (slot * HV + i_hv) * K * V
+    b_h = tl.load(pool + o_h, mask=m_h, other=0.0)
 
     b_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
@@ -71,7 +71,7 @@ def gdn_recurrent_kernel(
     p_v = v + bos * s_vt + i_hv * s_vh + o_v
     p_a = a + bos * s_at + i_hv * s_ah
     p_b = b + bos * s_bt + i_hv * s_bh
-    p_s = stash + (bos * HV + i_hv) * K * V + o_h
+    p_s = stash + (bos * HV + i_hv) * K * V
     for _ in range(bos, eos):
         b_q = tl.load(p_q, mask=m_k, other=0.0).to(tl.float32)
         b_k = tl.load(p_k, mask=m_k, other=0.0).to(tl.float32)
@@ -87,7 +87,7 @@ def gdn_recurrent_kernel(
         b_o = tl.sum(b_h * b_q[:, None], 0)
         tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_v)
         if STASH:
-            tl.store(p_s, b_h, mask=m_h)
+            tl.store(p_s + o_h, b_h, mask=m_h)
             p_s += HV * K * V
 
         p_q += s_qt
@@ -97,4 +97,4 @@ def gdn_recurrent_kernel(
         p_b += s_bt
         p_o += HV * V
     if not STASH:
-        tl.store(p_h, b_h, mask=m_h)
+        tl.store(pool + o_h, b_h, mask=m_h)

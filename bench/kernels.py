@@ -1,0 +1,309 @@
+"""Kernel benchmark on the GPU: our Triton kernels vs FLA 0.6.0 (fla-core) on identical inputs.
+
+    python bench/kernels.py [--out DIR] [--no-sweep]
+
+Qwen3-Next GDN shapes (H=16, HV=32, K=V=128), bf16 activations, fp32 state. Both sides get the same raw inputs
+and do the same work: gates (g from a, A_log, dt_bias; sigmoid beta), the q/k L2 norm and the scale in the kernel
+(FLA: use_gate_in_kernel, use_beta_sigmoid_in_kernel, use_qk_l2norm_in_kernel), initial state in, final state out.
+Timing: CUDA-graph replay of many calls rotating over input sets bigger than the L2 (bench/common.py), median.
+Reported: time, ours/FLA time ratio, fp32 state traffic vs the copy bandwidth measured in the same run (decode,
+verify), nominal TFLOP/s and Mtok/s (prefill), bandwidth of the conv, and the accuracy of both against float64.
+The sweep picks our launch parameters first (on the largest case of each kernel) and the headline rows use them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, copy_bandwidth, device_info, n_sets_for, time_cuda, write_results  # noqa: E402
+
+from gdn_trt.plugins.causal_conv1d import naive as conv_naive  # noqa: E402
+from gdn_trt.plugins.causal_conv1d import triton as conv_tri  # noqa: E402
+from gdn_trt.plugins.causal_conv1d.io import ConvParams  # noqa: E402
+from gdn_trt.plugins.gated_delta_rule import naive as gdn_naive  # noqa: E402
+from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri  # noqa: E402
+from gdn_trt.plugins.gated_delta_rule.io import GdnInputs  # noqa: E402
+from gdn_trt.plugins.packing import Capture, Packing  # noqa: E402
+
+H, HV, K, V = 16, 32, 128, 128
+D_CONV, W_CONV = 2 * H * K + HV * V, 4
+STATE_BYTES = HV * K * V * 4  # one sequence's fp32 state, 2 MiB
+DT = torch.bfloat16
+FLA = "FLA 0.6.0"
+# nominal FLOPs per token and value head of the chunked WY algorithm (dense count, C = 64): K K^T, w, u, W S,
+# K^T v_new, Q S, Q K^T, P v_new
+C = 64
+CHUNK_FLOP_PER_TOKEN = HV * (6 * K * V + 6 * C * K + 4 * C * V)
+
+
+def gdn_inputs(T: int, seed: int) -> GdnInputs:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+    return GdnInputs(r(T, H, K).to(DT), r(T, H, K).to(DT), r(T, HV, V).to(DT), r(T, HV).to(DT), r(T, HV).to(DT),
+                     torch.empty(HV, device="cuda").uniform_(-4, 1, generator=g), r(HV))
+
+
+def packing(lengths: list[int]) -> Packing:
+    return Packing.build(lengths, list(range(len(lengths))), "cuda")
+
+
+def rel_rms(ref: torch.Tensor, got: torch.Tensor) -> float:
+    r, d = ref.double(), got.double() - ref.double()
+    return (d.pow(2).mean().sqrt() / r.pow(2).mean().sqrt()).item()
+
+
+# ---- FLA calls (same inputs, FLA's layouts: [B, T, ...]) ----
+
+def fla_recurrent(x: GdnInputs, B: int, h0: torch.Tensor):
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    f = lambda t: t.reshape(B, t.shape[0] // B, *t.shape[1:])  # noqa: E731
+    return fused_recurrent_gated_delta_rule(
+        f(x.q), f(x.k), f(x.v), g=f(x.a), beta=f(x.b), scale=K ** -0.5, initial_state=h0, output_final_state=True,
+        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x.A_log, dt_bias=x.dt_bias,
+        use_beta_sigmoid_in_kernel=True)
+
+
+def fla_chunk(x: GdnInputs, cu: torch.Tensor | None, h0: torch.Tensor):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule(
+        x.q[None], x.k[None], x.v[None], g=x.a[None], beta=x.b[None], scale=K ** -0.5, initial_state=h0,
+        output_final_state=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, cu_seqlens=cu,
+        use_gate_in_kernel=True, A_log=x.A_log, dt_bias=x.dt_bias)
+
+
+# ---- cases ----
+
+class Bench:
+    def __init__(self, copy_bw: float):
+        self.copy_bw = copy_bw
+        self.rows: list[dict] = []
+        self.gdn = gdn_tri.TUNING
+        self.conv = conv_tri.TUNING
+        self._best_chunk: dict = {}
+
+    def add(self, section: str, case: str, impl: str, t, **metrics) -> dict:
+        row = dict(section=section, case=case, impl=impl, time_us=t.median_us, p10_us=t.p10_s * 1e6,
+                   p90_us=t.p90_s * 1e6, timing=t.method, **metrics)
+        self.rows.append(row)
+        print(f"{section:9s} {case:22s} {impl:24s} {t.median_us:10.1f} us  "
+              + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()),
+              flush=True)
+        return row
+
+    def ratio(self, ours: dict, fla: dict) -> None:
+        ours["ours_over_fla"] = ours["time_us"] / fla["time_us"]
+
+    # recurrent: decode N x 1 and verify N x k
+    def recurrent(self, N: int, k: int, stash: bool, tuning=None, label: str | None = None, fla: bool = True):
+        T = N * k
+        x, pack = gdn_inputs(T, 1), packing([k] * N)
+        sets = n_sets_for(N * STATE_BYTES)
+        pools = [torch.randn(N, HV, K, V, device="cuda") * 0.5 for _ in range(sets)]
+        st = torch.empty(T, HV, K, V, device="cuda") if stash else None
+        tuning = tuning or self.gdn
+        t = time_cuda(lambda i: gdn_tri.launch_recurrent(x, pack, pools[i % sets], st, tuning), sets)
+        state_bytes = (N + (T if stash else N)) * STATE_BYTES
+        case = f"{'verify' if k > 1 else 'decode'} {N}x{k}" + (" stash" if stash else "")
+        bw = state_bytes / t.median_s
+        ours = self.add("recurrent", case, label or "ours", t, state_TBps=bw / 1e12, pct_copy_bw=100 * bw / self.copy_bw)
+        if fla and not stash:
+            tf = time_cuda(lambda i: fla_recurrent(x, N, pools[i % sets]), sets)
+            bwf = state_bytes / tf.median_s
+            self.ratio(ours, self.add("recurrent", case, FLA, tf, state_TBps=bwf / 1e12,
+                                      pct_copy_bw=100 * bwf / self.copy_bw))
+        return ours
+
+    def chunked(self, lengths: list[int], tuning=None, label: str | None = None, fla: bool = True):
+        T, N = sum(lengths), len(lengths)
+        x, pack = gdn_inputs(T, 2), packing(lengths)
+        sets = n_sets_for(T * (2 * H * K + 2 * HV * V) * 2 + N * STATE_BYTES, cap=8)
+        pools = [torch.randn(N, HV, K, V, device="cuda") * 0.5 for _ in range(sets)]
+        cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty(N, HV, K, V, device="cuda"))
+        tuning = tuning or self.gdn
+        t = time_cuda(lambda i: gdn_tri.launch_chunked(x, pack, pools[i % sets], cap, tuning), sets, target_s=10e-3)
+        case = f"prefill {T}" if N == 1 else f"varlen {N}x{lengths[0]}"
+        flop = CHUNK_FLOP_PER_TOKEN * T
+        ours = self.add("chunked", case, label or "ours", t, tflops=flop / t.median_s / 1e12,
+                        mtok_s=T / t.median_s / 1e6)
+        if fla:
+            cu = pack.cu_seqlens.long() if N > 1 else None
+            tf = time_cuda(lambda i: fla_chunk(x, cu, pools[i % sets]), sets, target_s=10e-3)
+            self.ratio(ours, self.add("chunked", case, FLA, tf, tflops=flop / tf.median_s / 1e12,
+                                      mtok_s=T / tf.median_s / 1e6))
+        return ours
+
+    def conv_prefill(self, lengths: list[int]):
+        from fla.modules.causal_conv1d.ops import causal_conv1d
+
+        T, N = sum(lengths), len(lengths)
+        pack = packing(lengths)
+        x = torch.randn(T, D_CONV, device="cuda").to(DT)
+        conv = ConvParams(torch.randn(D_CONV, W_CONV, device="cuda").to(DT), 1, 1)
+        pool = torch.randn(N, D_CONV, W_CONV - 1, device="cuda").to(DT)
+        cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty_like(pool))
+        sets = n_sets_for(2 * T * D_CONV * 2, cap=8)
+        xs = [x] + [torch.randn_like(x) for _ in range(sets - 1)]
+        t = time_cuda(lambda i: conv_tri.launch_prefill(xs[i % sets], conv, pack, pool, cap, self.conv), sets)
+        nbytes = 2 * T * D_CONV * 2 + 2 * N * D_CONV * (W_CONV - 1) * 2
+        case = f"conv prefill {T}" if N == 1 else f"conv varlen {N}x{lengths[0]}"
+        ours = self.add("conv", case, "ours", t, TBps=nbytes / t.median_s / 1e12,
+                        pct_copy_bw=100 * nbytes / t.median_s / self.copy_bw)
+        h0 = torch.randn(N, D_CONV, W_CONV, device="cuda").to(DT)
+        cu = pack.cu_seqlens.long() if N > 1 else None
+        tf = time_cuda(lambda i: causal_conv1d(xs[i % sets][None], weight=conv.weight, initial_state=h0,
+                                               output_final_state=True, activation="silu", cu_seqlens=cu), sets)
+        self.ratio(ours, self.add("conv", case, FLA, tf, TBps=nbytes / tf.median_s / 1e12,
+                                  pct_copy_bw=100 * nbytes / tf.median_s / self.copy_bw))
+
+    def conv_update(self, N: int):
+        from fla.modules.causal_conv1d.ops import causal_conv1d_update
+
+        pack = packing([1] * N)
+        x = torch.randn(N, D_CONV, device="cuda").to(DT)
+        conv = ConvParams(torch.randn(D_CONV, W_CONV, device="cuda").to(DT), 1, 1)
+        sets = n_sets_for(N * D_CONV * W_CONV * 2)
+        pools = [torch.randn(N, D_CONV, W_CONV - 1, device="cuda").to(DT) for _ in range(sets)]
+        caches = [torch.randn(N, D_CONV, W_CONV, device="cuda").to(DT) for _ in range(sets)]
+        t = time_cuda(lambda i: conv_tri.update(x, conv, pack, pools[i % sets]), sets)
+        nbytes = 2 * N * D_CONV * 2 + 2 * N * D_CONV * (W_CONV - 1) * 2
+        ours = self.add("conv", f"conv update {N}", "ours", t, TBps=nbytes / t.median_s / 1e12,
+                        pct_copy_bw=100 * nbytes / t.median_s / self.copy_bw)
+        tf = time_cuda(lambda i: causal_conv1d_update(x, caches[i % sets], weight=conv.weight, activation="silu"),
+                       sets)
+        self.ratio(ours, self.add("conv", f"conv update {N}", FLA, tf, TBps=nbytes / tf.median_s / 1e12,
+                                  pct_copy_bw=100 * nbytes / tf.median_s / self.copy_bw))
+
+    # ---- accuracy against float64 (naive.py run in float64 on the GPU) ----
+    def accuracy(self, lengths: list[int], chunk: bool) -> None:
+        T, N = sum(lengths), len(lengths)
+        x, pack = gdn_inputs(T, 3), packing(lengths)
+        pool = torch.randn(N, HV, K, V, device="cuda") * 0.5
+        x64 = GdnInputs(*(t.double() for t in (x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias)))
+        p64 = pool.double()
+        no_cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty_like(p64))
+        o64 = gdn_naive.chunked(x64, pack, p64, no_cap) if chunk else gdn_naive.recurrent(x64, pack, p64)
+        p_ours = pool.clone()
+        if chunk:
+            o = gdn_tri.chunked(x, pack, p_ours, Capture(no_cap.at, torch.empty_like(pool)))
+            cu = pack.cu_seqlens.long() if N > 1 else None
+            of, hf = fla_chunk(x, cu, pool.clone())
+        else:
+            o = gdn_tri.recurrent(x, pack, p_ours)
+            B = N if len(set(lengths)) == 1 else None
+            of, hf = fla_recurrent(x, B, pool.clone())
+        case = ("prefill " if chunk else "recurrent ") + ("x".join(map(str, (N, lengths[0]))))
+        for impl, oo, hh in (("ours", o, p_ours), (FLA, of.reshape(o.shape), hf)):
+            self.rows.append(dict(section="accuracy", case=case, impl=impl, rel_rms_o=rel_rms(o64, oo),
+                                  rel_rms_state=rel_rms(p64, hh)))
+            print(f"accuracy  {case:22s} {impl:24s} o {self.rows[-1]['rel_rms_o']:.3e}  "
+                  f"state {self.rows[-1]['rel_rms_state']:.3e}", flush=True)
+
+    # ---- launch-parameter sweep (ours) ----
+    def sweep(self) -> None:
+        best = None
+        for bv in (16, 32, 64, 128):
+            for warps in (1, 2, 4, 8):
+                tu = replace(self.gdn, rec_bv=bv, rec_warps=warps)
+                r = self.recurrent(256, 1, False, tu, f"sweep rec bv{bv} w{warps}", fla=False)
+                r["section"] = "sweep"
+                if best is None or r["time_us"] < best[0]:
+                    best = (r["time_us"], tu)
+        self.gdn = best[1]
+        stages = []
+        for sbv, sw, st in ((16, 4, 1), (16, 4, 2), (32, 4, 1), (32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 8, 2),
+                            (64, 4, 2)):
+            stages.append((replace(self.gdn, state_bv=sbv, state_warps=sw, state_stages=st), f"state bv{sbv} w{sw} s{st}"))
+        for obv, ow in ((64, 4), (128, 4), (64, 8), (128, 8)):
+            stages.append((replace(self.gdn, out_bv=obv, out_warps=ow), f"out bv{obv} w{ow}"))
+        for pw in (4, 8):
+            stages.append((replace(self.gdn, prep_warps=pw), f"prep w{pw}"))
+        for tu, name in stages:  # one parameter group at a time, each on top of the best so far
+            merged = self._merge(tu, name)
+            r = self.chunked([16384], merged, "sweep " + name, fla=False)
+            r["section"] = "sweep"
+            if r["time_us"] < self._best_chunk.get("t", math.inf):
+                self._best_chunk = {"t": r["time_us"], "tuning": merged}
+        self.gdn = self._best_chunk["tuning"]
+        print("chosen tuning:", self.gdn, flush=True)
+
+    def _merge(self, tu, name: str):
+        base = self._best_chunk.get("tuning", self.gdn)
+        if name.startswith("state"):
+            return replace(base, state_bv=tu.state_bv, state_warps=tu.state_warps, state_stages=tu.state_stages)
+        if name.startswith("out"):
+            return replace(base, out_bv=tu.out_bv, out_warps=tu.out_warps)
+        return replace(base, prep_warps=tu.prep_warps)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r["section"] in ("recurrent", "chunked", "conv") and r["impl"] in ("ours", FLA)]
+    cases = list(dict.fromkeys(r["case"] for r in timed))
+    get = lambda c, impl: next((r["time_us"] for r in timed if r["case"] == c and r["impl"] == impl), float("nan"))  # noqa: E731
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5.5))
+    xs = range(len(cases))
+    ax1.bar([i - 0.2 for i in xs], [get(c, "ours") for c in cases], 0.4, label="ours (Triton)")
+    ax1.bar([i + 0.2 for i in xs], [get(c, FLA) for c in cases], 0.4, label=FLA)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("median time per call (us, CUDA-graph replay)")
+    ax1.set_xticks(list(xs), cases, rotation=60, ha="right", fontsize=8)
+    ax1.legend()
+    sp = [get(c, FLA) / get(c, "ours") for c in cases]
+    ax2.bar(list(xs), sp, color=["tab:green" if s >= 1 else "tab:red" for s in sp])
+    ax2.axhline(1.0, color="k", lw=0.8)
+    ax2.set_ylabel("speed-up over FLA (FLA time / our time)")
+    ax2.set_xticks(list(xs), cases, rotation=60, ha="right", fontsize=8)
+    fig.suptitle("GDN kernels on the H200: ours vs FLA 0.6.0 (Qwen3-Next shapes, bf16, fp32 state)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+COLUMNS = ["section", "case", "impl", "time_us", "ours_over_fla", "state_TBps", "pct_copy_bw", "TBps", "tflops",
+           "mtok_s", "rel_rms_o", "rel_rms_state", "timing"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args()
+    meta = device_info()
+    bw = copy_bandwidth()
+    meta["copy_bw_TBps"] = round(bw / 1e12, 3)
+    print("device", meta, flush=True)
+    b = Bench(bw)
+    if not args.no_sweep:
+        b.sweep()
+    meta["gdn_tuning"] = str(b.gdn)
+    meta["conv_tuning"] = str(b.conv)
+    for n in (1, 8, 64, 256):
+        b.recurrent(n, 1, False)
+    b.recurrent(64, 4, False)
+    b.recurrent(64, 4, True)
+    for t in (4096, 16384, 65536):
+        b.chunked([t])
+    b.chunked([1024] * 16)
+    b.conv_prefill([16384])
+    b.conv_prefill([1024] * 16)
+    b.conv_update(256)
+    b.accuracy([1] * 8, chunk=False)
+    b.accuracy([4] * 64, chunk=False)
+    b.accuracy([4096], chunk=True)
+    b.accuracy([1024] * 16, chunk=True)
+    paths = write_results("kernels", b.rows, meta, COLUMNS, plot, args.out)
+    print("wrote", *paths, flush=True)
+    print((args.out / paths[1].name).read_text())
+
+
+if __name__ == "__main__":
+    main()
