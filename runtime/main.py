@@ -82,24 +82,26 @@ def export_and_compare(ckpt_dir: Path, out: Path) -> tuple[Stage, Stage]:
     return e, c
 
 
-def build_engines(name: str, out: Path) -> tuple[Stage, Path | None]:
-    """TensorRT plans of the exported graphs, or one line saying why there are none."""
+def build_engines(ckpt_dir: Path, out: Path) -> tuple[Stage, Path | None]:
+    """TensorRT plans of every layer and mode, or one line saying why there are none. (The compare stage exports
+    one layer per variant; a stack needs a plan for every layer, so the rest are exported here first.)"""
+    name = load_checkpoint(ckpt_dir).config.name
     try:
         import tensorrt  # noqa: F401
     except ImportError as e:
         return Stage(name, "build TensorRT engines", True, 0.0, f"skipped: tensorrt is not installed ({e})"), None
-    from ..export.artifacts import Manifest
+    from ..export.artifacts import ExportPlan, Manifest, export_checkpoint
     from ..export.build import BuildOptions, build_graph
 
     engines = out / "engines"
 
     def build():
-        m = Manifest.load(out / "onnx" / name)
+        m = Manifest.load(export_checkpoint(load_checkpoint(ckpt_dir), out / "onnx-all", ExportPlan(layers="all")))
         plans = [build_graph(m, rec, BuildOptions(engines)) for rec in m.graphs]
         return True, f"{len(plans)} plans -> {engines / name}", [str(p) for p in plans]
 
     st = _timed(name, "build TensorRT engines", build)
-    return st, (engines if st.ok else None)
+    return st, (engines / name if st.ok else None)  # one model's plans: another model's would be refused
 
 
 def serve(ckpt_dir: Path, engines: Path | None, device: str, seed: int) -> tuple[Stage, dict]:
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         engines = None
         if not args.no_export:
             stages += export_and_compare(ckpt, args.out)
-            st, engines = build_engines(name, args.out)
+            st, engines = build_engines(ckpt, args.out)
             stages.append(st)
         st, reports[name] = serve(ckpt, engines, device, args.seed)
         stages.append(st)
