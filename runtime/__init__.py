@@ -1,1 +1,14 @@
-"""gdn-trt runtime."""
+"""gdn-trt runtime: `Session` (state pools, engine selection, CUDA graphs, PLE prestage, speculative write-on-accept,
+prefix snapshots) over a stack of GDN layers. `from gdn_trt.runtime import Session, SessionOptions, RuntimeLimits`."""
+
+_EXPORTS = {"Session": "session", "SessionOptions": "session", "Prompt": "session", "PrefillResult": "session",
+            "SequenceError": "session", "RuntimeLimits": "plan", "BudgetError": "plan", "SnapshotError": "state"}
+
+
+def __getattr__(name: str):
+    # lazy, so that `gdn-trt plan` and the PLE helpers do not import the whole runtime
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
