@@ -18,14 +18,15 @@ The same token ids are decoded every step, so after the first step the PLE rows 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, run as `python bench/runtime.py`
+from common import RESULTS, device_info, write_results  # noqa: E402
 
 from gdn_trt.model.config import PRESETS, GdnConfig
 from gdn_trt.runtime.plan import RuntimeLimits
@@ -110,26 +111,15 @@ def run(steps: int) -> list[Row]:
     return rows
 
 
-def markdown(rows: list[Row]) -> str:
-    lines = ["| variant | model | N | tokens/s | step (ms) | host per step (us) | enqueue on idle GPU (us) | path |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
-    lines += [f"| {r.variant} | {r.model} | {r.n} | {r.tokens_per_s:,.0f} | {r.step_ms:.3f} | {r.host_us:.1f} | "
-              f"{r.enqueue_us:.1f} | {r.path} |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[Row], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for v, *_ in VARIANTS:
-        rs = [r for r in rows if r.variant == v]
-        a.plot([r.n for r in rs], [r.tokens_per_s for r in rs], marker="o", label=v)
-        b.plot([r.n for r in rs], [r.host_us for r in rs], marker="o", label=v)
-    for ax, title, unit in ((a, "decode throughput", "tokens/s"), (b, "host time per step", "us")):
+        rs = [r for r in rows if r["variant"] == v]
+        a.plot([r["n"] for r in rs], [r["tokens_per_s"] for r in rs], marker="o", label=v)
+        b.plot([r["n"] for r in rs], [r["enqueue_us"] for r in rs], marker="o", label=v)
+    for ax, title, unit in ((a, "decode throughput", "tokens/s"), (b, "host time per step (idle GPU)", "us")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequences per step (N)")
@@ -143,18 +133,15 @@ def plot(rows: list[Row], path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--steps", type=int, default=50)
     args = p.parse_args()
-    rows = run(args.steps)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{datetime.date.today().isoformat()}-runtime"
-    meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
-            "configs": {k: c.name for k, c in configs().items()}, "activations": "bfloat16", "state": "float32"}
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
-    stem.with_suffix(".md").write_text(f"# Runtime decode, {meta['gpu']}\n\n{markdown(rows)}")
-    plot(rows, stem.with_suffix(".png"))
-    print(f"wrote {stem}.json/.md/.png")
+    rows = [asdict(r) for r in run(args.steps)]
+    meta = {**device_info(), "configs": {k: c.name for k, c in configs().items()}, "activations": "bfloat16",
+            "state": "float32", "steps": args.steps}
+    columns = ["variant", "model", "n", "tokens_per_s", "step_ms", "host_us", "enqueue_us", "path"]
+    paths = write_results("runtime", rows, meta, columns, plot, args.out)
+    print("wrote " + ", ".join(map(str, paths)))
 
 
 if __name__ == "__main__":
