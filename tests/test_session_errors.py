@@ -115,11 +115,15 @@ def test_bad_input_raises_and_changes_nothing(world, name):
 
 def test_too_many_sequences_leaves_pool_unchanged():
     s = open_session(PLAIN, limits=dataclasses.replace(LIMITS, max_seqs=2))
+    a = s.add_sequence()
+    s.prefill(a, torch.randn(3, s.cfg.stream_dim))
     s.add_sequence()
-    s.add_sequence()
+    blob = s.snapshot(a)
     before = fingerprint(s)
     with pytest.raises(PoolFullError, match="max_seqs"):
         s.add_sequence()
+    with pytest.raises(PoolFullError, match="max_seqs"):
+        s.restore(blob)
     assert fingerprint(s) == before
 
 
