@@ -126,6 +126,8 @@ def export_graph(layer: GdnLayer, spec: GraphSpec, path: Path) -> Path:
     wrapper = ModeGraph(layer, spec).eval()
     chatter = io.StringIO()
     # the exporter prints its phases and warns about dims it renames; failures still raise with the full story
+    registry_log = logging.getLogger("torch.onnx._internal.exporter._registration")
+    registry_log.setLevel(logging.ERROR)  # "torchvision is not installed" for ops we never use
     with contextlib.redirect_stdout(chatter), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prog = torch.onnx.export(

@@ -153,33 +153,39 @@ def loop(b: Body, trip: str, body: onnx.GraphProto, carried: list[str]) -> list[
     return [outs] if len(carried) == 1 else outs
 
 
-class Sequence:
-    """Per-sequence scalars inside the loop over sequences: token range, slot, whether the slot is live."""
+class Packed:
+    """The packing as per-token and per-sequence vectors, computed from values only (never as shapes: TensorRT
+    would then need cu_seqlens as a shape input with value ranges in every profile). Index tensors are int64.
 
-    def __init__(self, b: Body, n: str, cu: str, slots: str, capture_at: str | None):
-        zero = b.const(0)
-        self.n = n
-        self.start = b.item(cu, n)
-        end = b.item(cu, b.op("Add", n, b.const(1)))
-        slot = b.item(slots, n)
-        self.valid = b.op("GreaterOrEqual", slot, zero)
-        # a padding sequence (slot -1) reads and rewrites slot 0 unchanged and runs zero tokens
-        self.slot = b.op("Max", slot, zero)
-        self.trip = b.op("Where", self.valid, b.op("Sub", end, self.start), zero)
-        # prefill ops: tokens consumed before the snapshot (-1 = none), and whether a snapshot is written
-        self.at = b.item(capture_at, n) if capture_at else None
-        self.capture = b.op("And", self.valid, b.op("GreaterOrEqual", self.at, zero)) if capture_at else None
+    Per token t [T]: `seq` (its sequence n: the number of sequences ending at or before t), `pos` (t - start of
+    n), `slot` (slots[n] clamped to >= 0), `valid` (slots[n] >= 0), `last` (t is the last token of n).
+    Per sequence n [N]: `start`, `length`, `slot_n`, `valid_n`, and `at_n` (capture_at, when the op has one).
+    A padding sequence (slot -1) reads slot 0 and writes nothing.
+    """
+
+    def __init__(self, b: Body, tokens_of: str, spec: OpSpec):
+        zero, one = b.const(0), b.const(1)
+        cu, slots = b.cast("cu_seqlens", TensorProto.INT64), b.cast("slots", TensorProto.INT64)
+        big = b.const([np.iinfo(np.int64).max])
+        self.start = b.op("Slice", cu, b.const([0]), b.const([-1]), b.const([0]))  # [N]
+        ends = b.op("Slice", cu, b.const([1]), big, b.const([0]))  # [N]
+        self.length = b.op("Sub", ends, self.start)
+        self.valid_n = b.op("GreaterOrEqual", slots, zero)
+        self.slot_n = b.op("Max", slots, zero)
+        self.t = b.op("Range", zero, b.scalar(b.dim(tokens_of, 0)), one)  # [T]
+        ended = b.op("LessOrEqual", b.unsq(ends, 0), b.unsq(self.t, 1))  # [T, N]
+        self.seq = b.op("ReduceSum", b.cast(ended, TensorProto.INT64), b.const([1]), keepdims=0)
+        self.pos = b.op("Sub", self.t, b.item(self.start, self.seq))
+        self.slot = b.item(self.slot_n, self.seq)
+        self.valid = b.item(self.valid_n, self.seq)
+        self.last = b.op("Equal", b.op("Add", self.t, one), b.item(ends, self.seq))
+        self.at_n = b.cast("capture_at", TensorProto.INT64) if "capture_at" in spec.inputs else None
+
+    def snapshot_n(self, b: Body) -> str:
+        """[N] bool: the sequence writes a capture (live slot and capture_at >= 0)."""
+        return b.op("And", self.valid_n, b.op("GreaterOrEqual", self.at_n, b.const(0)))
 
 
-def for_each_sequence(b: Body, spec: OpSpec, carried: list[str], step) -> list[str]:
-    """Loop over the N sequences of `cu_seqlens` / `slots` with `carried` values; `step(nb, seq, carried)` builds
-    one iteration in `nb` and returns the new carried values."""
-    cu, slots = b.cast("cu_seqlens", TensorProto.INT64), b.cast("slots", TensorProto.INT64)
-    at = b.cast("capture_at", TensorProto.INT64) if "capture_at" in spec.inputs else None
-    N = b.scalar(b.dim("slots", 0))
-    nb = b.sub()
-    n, cond = f"seq_{next(nb._count)}", f"cond_{next(nb._count)}"
-    ins = [f"c{i}_{next(nb._count)}" for i in range(len(carried))]
-    new = step(nb, Sequence(nb, n, cu, slots, at), ins)
-    outs = [nb.op("Identity", cond)] + [nb.op("Identity", x) for x in new]
-    return loop(b, N, nb.graph(f"{spec.name}_sequences", [n, cond, *ins], outs), carried)
+def bcast(b: Body, mask: str, rank: int) -> str:
+    """A [X] mask unsqueezed to broadcast over a [X, ...] tensor of `rank` dims."""
+    return b.unsq(mask, *range(1, rank)) if rank > 1 else mask

@@ -1,83 +1,87 @@
 """ONNX emission of the causal conv ops: the `gdn_trt` node (translation for the dynamo exporter) and the
 model-local function whose body computes the op with standard ONNX ops.
 
-Per sequence the body needs no token loop: with L = (W-1)*dilation history columns,
-    buf = [conv_pool[slot] | x[seq]^T]            [D, L + len]
-    y[i] = act( sum_j weight[:, j] * buf[:, i + j*dilation] )       (a Gather of [len, W] tap columns)
-    window after token i = buf[:, i+1 : i+1+L]    (pool: i = len-1, stash: every i, capture: i = at-1)
-Arithmetic in fp32; y is cast back to the dtype of x and the windows to the buffers' dtype.
+No loop: with L = (W-1)*dilation history columns, the input `back` tokens before token t of sequence n is
+x[t - back] while that stays inside n, else column L - (back - pos) of conv_pool[slot n]; so every tap of every
+token is one Gather from x and one GatherElements from the slot rows, selected by `pos >= back`:
+    y[t] = act( sum_j weight[:, j] * input(t, back = (W-1-j)*dilation) )
+    window after t = [input(t, back = L-1), ..., input(t, back = 0)]         ([D, L], oldest first)
+stash[t] = window after t; pool[slot n] = window after n's last token (rows gathered per slot, so no scatter with
+repeated indices); capture[n] = window after capture_at[n] tokens (the slot row itself at 0). Arithmetic in fp32;
+y is cast back to the dtype of x, the windows to the buffers' dtype.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import onnx
+from onnx import TensorProto
 
-from ..onnx_common import Body, Sequence, for_each_sequence, function_proto, translation
+from ..onnx_common import Body, Packed, bcast, function_proto, translation
 from ..spec import CONV_PREFILL, CONV_UPDATE, CONV_UPDATE_STASH, Activation, OpSpec
 
 SPECS = (CONV_UPDATE, CONV_UPDATE_STASH, CONV_PREFILL)
 
 
-class _Conv:
-    """Values computed once, outside the loop over sequences."""
-
-    def __init__(self, b: Body):
-        self.x, self.w = b.cast("x"), b.cast("weight")
-        dilation = b.attr_int("dilation")
-        self.silu = b.op("Equal", b.attr_int("activation"), b.const(Activation.SILU))
-        width = b.scalar(b.dim("weight", 1))
-        self.taps = b.op("Mul", b.op("Range", b.const(0), width, b.const(1)), dilation)  # [W]
-        self.hist_len = b.scalar(b.dim("conv_pool", 2))  # L
-        self.hist_cols = b.op("Range", b.const(0), self.hist_len, b.const(1))  # [L]
-
-
-def _window(b: Body, buf: str, c: str, cv: _Conv) -> str:
-    """buf[:, c : c+L], the history after c tokens, [D, L]."""
-    lo = b.unsq(c, 0)
-    return b.op("Slice", buf, lo, b.op("Add", lo, b.unsq(cv.hist_len, 0)), b.const([1]))
-
-
-def _step(b: Body, spec: OpSpec, seq: Sequence, cv: _Conv, carried: list[str]) -> list[str]:
-    y, bufs = carried[0], carried[1:]
-    pool = bufs[0] if spec is not CONV_UPDATE_STASH else "conv_pool"  # the stash op only reads the pool
-    hist = b.cast(b.item(pool, seq.slot))  # [D, L]
-    end = b.op("Add", seq.start, seq.trip)
-    xs = b.op("Slice", cv.x, b.unsq(seq.start, 0), b.unsq(end, 0), b.const([0]))  # [len, D]
-    buf = b.op("Concat", hist, b.op("Transpose", xs, perm=[1, 0]), axis=1)  # [D, L + len]
-    i = b.op("Range", b.const(0), seq.trip, b.const(1))  # [len]
-    taps = b.op("Gather", buf, b.op("Add", b.unsq(i, 1), b.unsq(cv.taps, 0)), axis=1)  # [D, len, W]
-    acc = b.op("ReduceSum", b.op("Mul", taps, b.unsq(cv.w, 1)), b.const([2]), keepdims=0)
-    acc = b.op("Transpose", acc, perm=[1, 0])  # [len, D]
-    acc = b.op("Where", cv.silu, b.op("Mul", acc, b.op("Sigmoid", acc)), acc)
-    rows = b.unsq(b.op("Add", i, seq.start), 1)  # [len, 1]
-    new = [b.op("ScatterND", y, rows, acc)]
-    if spec is CONV_UPDATE_STASH:
-        cols = b.op("Add", b.unsq(b.op("Add", i, b.const(1)), 1), b.unsq(cv.hist_cols, 0))  # [len, L]
-        wins = b.op("Transpose", b.op("Gather", buf, cols, axis=1), perm=[1, 0, 2])  # [len, D, L]
-        return new + [b.op("ScatterND", bufs[0], rows, b.op("CastLike", wins, bufs[0]))]
-    new.append(b.set_row(pool, seq.slot, _window(b, buf, seq.trip, cv)))
-    if spec is CONV_PREFILL:
-        cap = bufs[1]
-        # a sequence that writes no snapshot (padding, or capture_at -1) reads a window that surely exists
-        snap = _window(b, buf, b.op("Where", seq.capture, seq.at, b.const(0)), cv)
-        row = b.op("Where", seq.capture, b.op("CastLike", snap, cap), b.item(cap, seq.n))
-        new.append(b.set_row(cap, seq.n, row))
-    return new
+def _inputs_before(b: Body, pk: Packed, x: str, hist: str, back: str) -> str:
+    """input(t, back) for every token t and offset in `back` [K]: [T, K, D]."""
+    rel = b.op("Sub", b.unsq(pk.pos, 1), b.unsq(back, 0))  # position inside the sequence, [T, K]
+    from_x = b.op("Gather", x, b.op("Max", b.op("Add", b.unsq(b.op("Sub", pk.t, pk.pos), 1), rel), b.const(0)),
+                  axis=0)  # [T, K, D]
+    L = b.dim(hist, 2)
+    col = b.op("Min", b.op("Max", b.op("Add", rel, L), b.const(0)), b.op("Sub", L, b.const(1)))  # [T, K]
+    shape = b.op("Concat", b.dim(hist, 0), b.dim(hist, 1), b.dim(back, 0), axis=0)
+    from_h = b.op("GatherElements", hist, b.op("Expand", b.unsq(col, 1), shape), axis=2)  # [T, D, K]
+    inside = b.unsq(b.op("GreaterOrEqual", rel, b.const(0)), 2)
+    return b.op("Where", inside, from_x, b.op("Transpose", from_h, perm=[0, 2, 1]))
 
 
 def body(spec: OpSpec) -> list[onnx.NodeProto]:
     b = Body()
-    cv = _Conv(b)
-    y0 = b.op("ConstantOfShape", b.op("Shape", cv.x))
-    buffers = {CONV_UPDATE: ["conv_pool"], CONV_UPDATE_STASH: ["conv_stash"],
-               CONV_PREFILL: ["conv_pool", "conv_capture"]}[spec]
-    final = for_each_sequence(b, spec, [y0, *buffers], lambda nb, seq, c: _step(nb, spec, seq, cv, c))
-    b.nodes.append(onnx.helper.make_node("CastLike", [final[0], "x"], [spec.outputs[0]]))
-    for name, value in zip(spec.outputs[1:], final[1:]):
-        b.nodes.append(onnx.helper.make_node("Identity", [value], [name]))
+    pk = Packed(b, "x", spec)
+    x, w = b.cast("x"), b.cast("weight")
+    dilation, one = b.attr_int("dilation"), b.const(1)
+    W, L = b.scalar(b.dim("weight", 1)), b.scalar(b.dim("conv_pool", 2))
+    hist = b.cast(b.op("Gather", "conv_pool", pk.slot, axis=0))  # each token's slot row, [T, D, L]
+    taps = b.op("Mul", b.op("Sub", b.op("Sub", W, one), b.op("Range", b.const(0), W, one)), dilation)  # [W]
+    vals = _inputs_before(b, pk, x, hist, taps)  # [T, W, D]
+    y = b.op("ReduceSum", b.op("Mul", vals, b.unsq(b.op("Transpose", w, perm=[1, 0]), 0)), b.const([1]),
+             keepdims=0)  # [T, D]
+    silu = b.op("Equal", b.attr_int("activation"), b.const(Activation.SILU))
+    y = b.op("Where", silu, b.op("Mul", y, b.op("Sigmoid", y)), y)
+    y = b.op("Where", b.unsq(pk.valid, 1), y, b.op("Sub", y, y))  # padding sequences: zero rows
+    b.nodes.append(onnx.helper.make_node("CastLike", [y, "x"], [spec.outputs[0]]))
+    back = b.op("Sub", b.op("Sub", L, one), b.op("Range", b.const(0), L, one))  # L-1 .. 0
+    win = b.op("Transpose", _inputs_before(b, pk, x, hist, back), perm=[0, 2, 1])  # window after t, [T, D, L]
+    if spec is CONV_UPDATE_STASH:
+        stash = b.op("Where", bcast(b, pk.valid, 3), b.op("CastLike", win, "conv_stash"), "conv_stash")
+        b.nodes.append(onnx.helper.make_node("Identity", [stash], [spec.outputs[1]]))
+        return b.nodes
+    last = b.op("Gather", win, b.op("Max", b.op("Sub", b.op("Add", pk.start, pk.length), one), b.const(0)),
+                axis=0)  # window after each sequence's last token, [N, D, L]
+    writes = b.op("And", pk.valid_n, b.op("Greater", pk.length, b.const(0)))
+    b.nodes.append(onnx.helper.make_node("Identity", [_rows_by_slot(b, pk, last, writes)], [spec.outputs[1]]))
+    if spec is CONV_PREFILL:
+        at = b.op("Max", pk.at_n, b.const(0))
+        after = b.op("Gather", win, b.op("Max", b.op("Sub", b.op("Add", pk.start, at), one), b.const(0)), axis=0)
+        before = b.cast(b.op("Gather", "conv_pool", pk.slot_n, axis=0))
+        snap = b.op("Where", bcast(b, b.op("Equal", at, b.const(0)), 3), before, after)  # [N, D, L]
+        cap = b.op("Where", bcast(b, pk.snapshot_n(b), 3), b.op("CastLike", snap, "conv_capture"), "conv_capture")
+        b.nodes.append(onnx.helper.make_node("Identity", [cap], [spec.outputs[2]]))
     return b.nodes
+
+
+def _rows_by_slot(b: Body, pk: Packed, rows: str, writes: str) -> str:
+    """conv_pool with row s replaced by rows[n] for the sequence n that writes slot s (at most one: slots are
+    distinct); a gather per slot instead of a scatter, which would be undefined for the repeated slot 0 of padding."""
+    s = b.op("Range", b.const(0), b.scalar(b.dim("conv_pool", 0)), b.const(1))
+    match = b.op("And", b.op("Equal", b.unsq(s, 1), b.unsq(pk.slot_n, 0)), b.unsq(writes, 0))  # [S, N]
+    m = b.cast(match, TensorProto.INT32)
+    has = b.op("Greater", b.op("ReduceMax", m, b.const([1]), keepdims=0), b.const(0, np.int32))
+    picked = b.op("Gather", rows, b.op("ArgMax", m, axis=1, keepdims=0), axis=0)  # [S, D, L]
+    return b.op("Where", bcast(b, has, 3), b.op("CastLike", picked, "conv_pool"), "conv_pool")
 
 
 def functions() -> list[onnx.FunctionProto]:

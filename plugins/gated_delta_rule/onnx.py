@@ -3,12 +3,13 @@ model-local function whose body computes the op with standard ONNX ops.
 
 The body is the token recurrence of `naive.recurrent` for all three ops, the chunked one included: the WY form is
 an evaluation order of the same math, and the body is a reference (ONNX Runtime on CPU, TensorRT without the
-plugin), not a fast path. Arithmetic in fp32, as in the kernels; o is cast back to the dtype of v.
+plugin), not a fast path. Arithmetic in fp32, as in the kernels; o is cast back to the dtype of v. One Loop runs
+over the T packed tokens (trip count from a shape, no nested loops, nothing shaped by tensor values):
 
-    outer Loop over sequences n:   S = pool[slot]
-        inner Loop over its tokens:  S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o[t] = S^T q
-                                     (stash[t] = S | capture state when t+1 == capture_at[n])
-        pool[slot] = S  (recurrent, chunked);  capture[n] = captured state (chunked, capture_at[n] >= 0)
+    token t of sequence n:  S = pool[slot] at n's first token, else the carried S
+                            S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o[t] = S^T q  (0 for padding)
+                            stash[t] = S | pool[slot] = S at n's last token | capture[n] = S after capture_at[n]
+    capture_at[n] == 0 (the state before any token) is written before the loop, for empty sequences too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable
 
 import onnx
 
-from ..onnx_common import Body, Sequence, for_each_sequence, function_proto, loop, translation
+from ..onnx_common import Body, Packed, bcast, function_proto, loop, translation
 from ..spec import GDN_CHUNKED, GDN_RECURRENT, GDN_RECURRENT_STASH, OpSpec
 from .naive import L2_EPS
 
@@ -46,58 +47,66 @@ def _prepare(b: Body) -> tuple[str, ...]:
     return expand(b.op("Mul", l2(q), scale)), expand(l2(k)), v, b.op("Exp", g), b.op("Sigmoid", beta_logit)
 
 
-def _token_loop(b: Body, spec: OpSpec, seq: Sequence, prep: tuple[str, ...], carried: list[str]) -> list[str]:
-    """The recurrence over one sequence's tokens. carried = [S [HV, K, V] fp32, o [T, HV, V], extra] where extra
-    is the stash (stash op), the captured state (chunked op) or absent; returns their final values."""
+def _token_loop(b: Body, spec: OpSpec, pk: Packed, prep: tuple[str, ...], carried: list[str]) -> list[str]:
+    """One Loop over all tokens. carried = [S [HV, K, V], o [T, HV, V], *buffers] (buffers: pool | stash |
+    pool + capture); returns their final values."""
     q, k, v, decay, beta = prep
     tb = b.sub()
-    i, cond = f"tok_{next(tb._count)}", f"cond_{next(tb._count)}"
-    ins = [f"t{j}_{next(tb._count)}" for j in range(len(carried))]
-    S, o = ins[0], ins[1]
-    t = tb.op("Add", seq.start, i)
+    t, cond = f"tok_{next(tb._count)}", f"cond_{next(tb._count)}"
+    ins = [f"c{j}_{next(tb._count)}" for j in range(len(carried))]
+    S, o, bufs = ins[0], ins[1], ins[2:]
+    first = tb.op("Equal", tb.item(pk.pos, t), tb.const(0))
+    slot, valid, n = tb.item(pk.slot, t), tb.item(pk.valid, t), tb.item(pk.seq, t)
+    # a sequence reads its slot before anything writes it (slots are distinct; padding never writes)
+    S = tb.op("Where", first, tb.cast(tb.item("ssm_pool", slot)), S)
     qt, kt, vt, dt, bt = (tb.item(x, t) for x in (q, k, v, decay, beta))
     S = tb.op("Mul", S, tb.unsq(dt, 1, 2))
-    kS = tb.op("Squeeze", tb.op("MatMul", tb.unsq(kt, 1), S), tb.const([1]))  # S^T k, [HV, V]
+    # S^T k and S^T q as broadcast products summed over K, [HV, V]: a batched MatMul on loop values fails
+    # TensorRT-RTX's compiler (MyelinCheckException is_const), the reduction compiles
+    kS = tb.op("ReduceSum", tb.op("Mul", tb.unsq(kt, 2), S), tb.const([1]), keepdims=0)
     delta = tb.op("Mul", tb.unsq(bt, 1), tb.op("Sub", vt, kS))
     S = tb.op("Add", S, tb.op("Mul", tb.unsq(kt, 2), tb.unsq(delta, 1)))
-    ot = tb.op("Squeeze", tb.op("MatMul", tb.unsq(qt, 1), S), tb.const([1]))
-    new = [S, tb.set_row(o, t, ot)]
+    ot = tb.op("ReduceSum", tb.op("Mul", tb.unsq(qt, 2), S), tb.const([1]), keepdims=0)
+    new = [S, tb.set_row(o, t, tb.op("Where", valid, ot, tb.op("Sub", ot, ot)))]
     if spec is GDN_RECURRENT_STASH:
-        new.append(tb.set_row(ins[2], t, S))
-    elif spec is GDN_CHUNKED:
-        hit = tb.op("Equal", tb.op("Add", i, tb.const(1)), seq.at)
-        new.append(tb.op("Where", hit, S, ins[2]))
+        stash = bufs[0]
+        new.append(tb.set_row(stash, t, tb.op("Where", valid, tb.op("CastLike", S, stash), tb.item(stash, t))))
+    else:
+        pool = bufs[0]
+        write = tb.op("And", valid, tb.item(pk.last, t))
+        new.append(tb.set_row(pool, slot, tb.op("Where", write, tb.op("CastLike", S, pool), tb.item(pool, slot))))
+    if spec is GDN_CHUNKED:
+        cap = bufs[1]
+        hit = tb.op("Equal", tb.op("Add", tb.item(pk.pos, t), tb.const(1)), tb.item(pk.at_n, n))
+        hit = tb.op("And", valid, hit)
+        new.append(tb.set_row(cap, n, tb.op("Where", hit, tb.op("CastLike", S, cap), tb.item(cap, n))))
     outs = [tb.op("Identity", cond)] + [tb.op("Identity", x) for x in new]
-    return loop(b, seq.trip, tb.graph(f"{spec.name}_tokens", [i, cond, *ins], outs), carried)
+    trip = b.scalar(b.dim("q", 0))
+    return loop(b, trip, tb.graph(f"{spec.name}_tokens", [t, cond, *ins], outs), carried)
 
 
 def body(spec: OpSpec) -> list[onnx.NodeProto]:
     b = Body()
     prep = _prepare(b)
+    pk = Packed(b, "q", spec)
     o0 = b.op("ConstantOfShape", b.op("Shape", prep[2]))
-    buffers = {GDN_RECURRENT: ["ssm_pool"], GDN_RECURRENT_STASH: ["ssm_stash"],
-               GDN_CHUNKED: ["ssm_pool", "ssm_capture"]}[spec]
-
-    def step(nb: Body, seq: Sequence, carried: list[str]) -> list[str]:
-        o, bufs = carried[0], dict(zip(buffers, carried[1:]))
-        pool = bufs.get("ssm_pool", "ssm_pool")  # the stash op only reads the pool
-        S0 = nb.cast(nb.item(pool, seq.slot))
-        if spec is GDN_RECURRENT:
-            S, o = _token_loop(nb, spec, seq, prep, [S0, o])
-            return [o, nb.set_row(pool, seq.slot, S)]
-        if spec is GDN_RECURRENT_STASH:
-            _, o, stash = _token_loop(nb, spec, seq, prep, [S0, o, bufs["ssm_stash"]])
-            return [o, stash]
-        S, o, captured = _token_loop(nb, spec, seq, prep, [S0, o, S0])
-        cap = bufs["ssm_capture"]
-        row = nb.op("Where", seq.capture, nb.op("CastLike", captured, cap), nb.item(cap, seq.n))
-        return [o, nb.set_row(pool, seq.slot, S), nb.set_row(cap, seq.n, row)]
-
-    final = for_each_sequence(b, spec, [o0, *buffers], step)
-    b.nodes.append(onnx.helper.make_node("CastLike", [final[0], "v"], [spec.outputs[0]]))
-    for name, value in zip(spec.outputs[1:], final[1:]):
+    S0 = b.op("ConstantOfShape", b.op("Shape", "ssm_pool", start=1))  # overwritten at every first token
+    if spec is GDN_RECURRENT_STASH:
+        buffers = ["ssm_stash"]
+    else:
+        buffers = ["ssm_pool"] + ([_initial_captures(b, pk)] if spec is GDN_CHUNKED else [])
+    final = _token_loop(b, spec, pk, prep, [S0, o0, *buffers])
+    b.nodes.append(onnx.helper.make_node("CastLike", [final[1], "v"], [spec.outputs[0]]))
+    for name, value in zip(spec.outputs[1:], final[2:]):
         b.nodes.append(onnx.helper.make_node("Identity", [value], [name]))
     return b.nodes
+
+
+def _initial_captures(b: Body, pk: Packed) -> str:
+    """ssm_capture with row n = ssm_pool[slot n] where capture_at[n] == 0 (the state before the first token)."""
+    at0 = b.op("And", pk.snapshot_n(b), b.op("Equal", pk.at_n, b.const(0)))
+    rows = b.op("CastLike", b.op("Gather", "ssm_pool", pk.slot_n, axis=0), "ssm_capture")  # [N, HV, K, V]
+    return b.op("Where", bcast(b, at0, 4), rows, "ssm_capture")
 
 
 def functions() -> list[onnx.FunctionProto]:
