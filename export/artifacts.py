@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -91,6 +92,20 @@ def _record(spec: GraphSpec, path: Path, root: Path) -> GraphRecord:
                        sum(f.stat().st_size for f in files if f.exists()), h.hexdigest())
 
 
+def _portable(path: Path | None, root: Path) -> str | None:
+    """The checkpoint path relative to the model folder (so an export folder can be moved or copied to another
+    machine with its synthetic checkpoint), absolute when it is elsewhere."""
+    if path is None:
+        return None
+    path, root = Path(path).resolve(), root.resolve()
+    return os.path.relpath(path, root) if root.parent in path.parents else str(path)
+
+
+def checkpoint_path(manifest: "Manifest") -> Path | None:
+    ck = manifest.data.get("checkpoint")
+    return None if ck is None else (manifest.root / ck).resolve()
+
+
 def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
                       progress: Callable[[GraphRecord], None] | None = None) -> Path:
     """Export every planned (layer, mode) of `ck` under `<out>/<model>/`; write and return the manifest path.
@@ -110,7 +125,7 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
             if progress:
                 progress(rec)
     manifest = {
-        "model": cfg.name, "config_hash": cfg.config_hash(), "checkpoint": str(ck.path) if ck.path else None,
+        "model": cfg.name, "config_hash": cfg.config_hash(), "checkpoint": _portable(ck.path, root),
         "dtype": dtype, "limits": GraphSpec.to_json(records[0].spec)["limits"] if records else None,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__},
         "graphs": [r.to_json() for r in records],

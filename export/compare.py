@@ -17,7 +17,7 @@ from polygraphy.comparator import Comparator
 
 from ..model.checkpoint import load_checkpoint
 from ..model.layer import GdnLayer
-from .artifacts import GraphRecord, Manifest
+from .artifacts import GraphRecord, Manifest, checkpoint_path
 from .data import GraphData
 from .runners import TorchRunner, onnxrt_runner, trt_runner
 from .spec import GraphSpec
@@ -123,8 +123,8 @@ def compare_graph(manifest: Manifest, rec: GraphRecord, layer: GdnLayer, opts: C
 
 def layers_of(manifest: Manifest, dtype: str) -> dict[int, GdnLayer]:
     """The exported checkpoint's layers, loaded again with the real loader."""
-    ck_path = manifest.data.get("checkpoint")
-    if not ck_path or not Path(ck_path).exists():
+    ck_path = checkpoint_path(manifest)
+    if ck_path is None or not ck_path.exists():
         raise FileNotFoundError(f"{manifest.path}: checkpoint {ck_path!r} not found; the torch runner needs it")
     ck = load_checkpoint(ck_path)
     if ck.config.config_hash() != manifest.data["config_hash"]:

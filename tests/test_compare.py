@@ -61,8 +61,8 @@ def test_compare_command_writes_json_and_plot(exported, tmp_path, capsys):
 def test_compare_fails_on_a_wrong_graph(exported, tmp_path, capsys):
     """A graph whose out_proj weights are off by 1 % must fail the comparison and the command must exit 1."""
     src = exported[Variant.PLAIN].root
+    shutil.copytree(src.parent, tmp_path / "onnx")  # the model folder and its synthetic checkpoint: both move
     dst = tmp_path / "onnx" / src.name
-    shutil.copytree(src, dst)
     path = dst / record(exported, Variant.PLAIN, LayerMode.DECODE).path
     model = onnx.load(str(path))
     (w,) = [t for t in model.graph.initializer if "out_proj" in t.name]

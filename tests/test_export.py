@@ -15,7 +15,7 @@ import onnx
 import pytest
 import torch
 
-from gdn_trt.export.artifacts import Manifest
+from gdn_trt.export.artifacts import Manifest, checkpoint_path
 from gdn_trt.export.modes import LayerMode
 from gdn_trt.export.onnx_export import export_mode
 from gdn_trt.export.spec import Limits, Variant, graph_spec
@@ -77,7 +77,7 @@ def test_export_prints_one_line_per_graph_and_a_manifest(exported):
 def test_graph_io_matches_graphspec(exported, variant, mode):
     m = exported[variant]
     rec = record(exported, variant, mode)
-    ck = load_checkpoint(m.data["checkpoint"])
+    ck = load_checkpoint(checkpoint_path(m))
     spec = graph_spec(ck.config, VARIANTS[variant][1], mode, Limits(8, 96, 4, 12, (2, 8)), "float32")
     assert rec.spec == spec
     path = m.root / rec.path
@@ -117,7 +117,7 @@ def test_files_are_checked_self_contained_and_hashed(exported, variant):
 def test_export_is_a_pure_function_of_config_weights_and_mode(exported, tmp_path):
     m = exported[Variant.PLAIN]
     rec = record(exported, Variant.PLAIN, LayerMode.DECODE_MULTI_SEQ)
-    ck = load_checkpoint(m.data["checkpoint"])
+    ck = load_checkpoint(checkpoint_path(m))
     layer = GdnLayer(ck.config, ck.layers[0], torch.float32).eval()
     path = export_mode(layer, LayerMode.DECODE_MULTI_SEQ, tmp_path, Limits(8, 96, 4, 12, (2, 8)))
     original = m.root / rec.path
