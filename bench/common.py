@@ -86,12 +86,38 @@ def time_cuda(fn: Callable[[int], object], n_sets: int = 1, target_s: float = 2e
     return Timing(statistics.median(per), _percentile(per, 0.1), _percentile(per, 0.9), method, inner)
 
 
-def copy_bandwidth(nbytes: int = 2 << 30) -> float:
-    """Bytes (read + written) per second of a large device-to-device copy."""
+def copy_bandwidth(nbytes: int = 2 << 30) -> dict:
+    """Bytes (read + written) per second of a large device-to-device copy (`dst.copy_(src)`, 2 GiB each way),
+    after a warm-up that brings the clocks up: timed eagerly (events around 10 copies) and by graph replay.
+    Returns both and `best`, the ceiling the memory-bound kernels are compared with."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    t = time_cuda(lambda i: dst.copy_(src), target_s=20e-3, reps=15)
-    return 2 * nbytes / t.median_s
+    for _ in range(30):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    eager = statistics.median(_events_loop(lambda: [dst.copy_(src) for _ in range(10)], 7)) / 10
+    graph = time_cuda(lambda i: dst.copy_(src), target_s=20e-3, reps=15).median_s
+    out = {"eager_TBps": 2 * nbytes / eager / 1e12, "graph_TBps": 2 * nbytes / graph / 1e12}
+    out["best"] = max(out.values()) * 1e12
+    return out
+
+
+def kernel_breakdown(fn: Callable[[], object], iters: int = 5) -> dict[str, float]:
+    """Mean device time per call (us) of each kernel `fn` launches, from torch.profiler (CUDA activity), eager."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if t > 0 and ev.key and not ev.key.startswith(("cudaLaunch", "cudaStream", "ProfilerStep")):
+            out[ev.key] = out.get(ev.key, 0.0) + t / iters
+    return out
 
 
 def device_info() -> dict:

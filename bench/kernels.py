@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, copy_bandwidth, device_info, n_sets_for, time_cuda, write_results  # noqa: E402
+from common import (RESULTS, copy_bandwidth, device_info, kernel_breakdown, n_sets_for, time_cuda,  # noqa: E402
+                    write_results)
 
 from gdn_trt.plugins.causal_conv1d import naive as conv_naive  # noqa: E402
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri  # noqa: E402
@@ -182,6 +183,23 @@ class Bench:
         self.ratio(ours, self.add("conv", f"conv update {N}", FLA, tf, TBps=nbytes / tf.median_s / 1e12,
                                   pct_copy_bw=100 * nbytes / tf.median_s / self.copy_bw))
 
+    def breakdown(self, lengths: list[int], fla: bool) -> None:
+        """Device time per kernel of one chunked call (profiler, eager), ours and optionally FLA's."""
+        T, N = sum(lengths), len(lengths)
+        x, pack = gdn_inputs(T, 4), packing(lengths)
+        pool = torch.randn(N, HV, K, V, device="cuda") * 0.5
+        cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty(N, HV, K, V, device="cuda"))
+        case = f"prefill {T}" if N == 1 else f"varlen {N}x{lengths[0]}"
+        runs = [("ours", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, self.gdn))]
+        if fla:
+            cu = pack.cu_seqlens.long() if N > 1 else None
+            runs.append((FLA, lambda: fla_chunk(x, cu, pool)))
+        for impl, fn in runs:
+            for name, us in sorted(kernel_breakdown(fn).items(), key=lambda kv: -kv[1]):
+                if us >= 1.0:
+                    self.rows.append(dict(section="breakdown", case=case, impl=impl, kernel=name[:60], time_us=us))
+                    print(f"breakdown {case:22s} {impl:24s} {us:10.1f} us  {name[:70]}", flush=True)
+
     # ---- accuracy against float64 (naive.py run in float64 on the GPU) ----
     def accuracy(self, lengths: list[int], chunk: bool) -> None:
         T, N = sum(lengths), len(lengths)
@@ -268,41 +286,51 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-COLUMNS = ["section", "case", "impl", "time_us", "ours_over_fla", "state_TBps", "pct_copy_bw", "TBps", "tflops",
+COLUMNS = ["section", "case", "impl", "kernel", "time_us", "ours_over_fla", "state_TBps", "pct_copy_bw", "TBps", "tflops",
            "mtok_s", "rel_rms_o", "rel_rms_state", "timing"]
+
+
+SECTIONS = ("sweep", "decode", "verify", "prefill", "breakdown", "conv", "accuracy")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     args = ap.parse_args()
+    only = set(args.only.split(","))
     meta = device_info()
     bw = copy_bandwidth()
-    meta["copy_bw_TBps"] = round(bw / 1e12, 3)
+    meta.update({f"copy_{k}": round(v, 3) for k, v in bw.items() if k != "best"})
     print("device", meta, flush=True)
-    b = Bench(bw)
-    if not args.no_sweep:
+    b = Bench(bw["best"])
+    if "sweep" in only:
         b.sweep()
     meta["gdn_tuning"] = str(b.gdn)
     meta["conv_tuning"] = str(b.conv)
-    for n in (1, 8, 64, 256):
-        b.recurrent(n, 1, False)
-    b.recurrent(64, 4, False)
-    b.recurrent(64, 4, True)
-    for t in (4096, 16384, 65536):
-        b.chunked([t])
-    b.chunked([1024] * 16)
-    b.conv_prefill([16384])
-    b.conv_prefill([1024] * 16)
-    b.conv_update(256)
-    b.accuracy([1] * 8, chunk=False)
-    b.accuracy([4] * 64, chunk=False)
-    b.accuracy([4096], chunk=True)
-    b.accuracy([1024] * 16, chunk=True)
+    if "decode" in only:
+        for n in (1, 8, 64, 256):
+            b.recurrent(n, 1, False)
+    if "verify" in only:
+        b.recurrent(64, 4, False)
+        b.recurrent(64, 4, True)
+    if "prefill" in only:
+        for t in (4096, 16384, 65536):
+            b.chunked([t])
+        b.chunked([1024] * 16)
+    if "breakdown" in only:
+        b.breakdown([16384], fla="prefill" in only)
+    if "conv" in only:
+        b.conv_prefill([16384])
+        b.conv_prefill([1024] * 16)
+        b.conv_update(256)
+    if "accuracy" in only:
+        b.accuracy([1] * 8, chunk=False)
+        b.accuracy([4] * 64, chunk=False)
+        b.accuracy([4096], chunk=True)
     paths = write_results("kernels", b.rows, meta, COLUMNS, plot, args.out)
     print("wrote", *paths, flush=True)
-    print((args.out / paths[1].name).read_text())
+    print(paths[1].read_text())
 
 
 if __name__ == "__main__":

@@ -9,9 +9,10 @@ i tokens is columns [i, i + n).
   a loop over the sequence's few tokens; the window after each token goes to the stash, or the last window to
   the pool (after a barrier: the pool row is also read as history).
 - `prefill`: `conv_chunk_kernel` computes y for 64-token chunks of every sequence in parallel (grid sized from
-  shapes; each program finds its sequence by a prefix sum over cu_seqlens), then `conv_state_kernel` writes the
-  capture window and the final window. Two launches because the final window overwrites the history that the
-  first chunk of the same sequence reads.
+  shapes; each program finds its sequence by a prefix sum over cu_seqlens), for tokens i >= n only, so it streams
+  x with 16-byte loads and never gathers from the pool; then `conv_state_kernel`, per (channel tile, sequence),
+  computes the first n tokens (whose taps reach into the history), the capture window and the final window.
+  Two launches because the final window overwrites the history row.
 
 Arithmetic in fp32, y in the activation dtype. x may be a strided view (a column slice of the projection); its
 row stride is passed to the kernels. Every launch is CUDA-graph safe (no host reads of tensor data, allocations
@@ -112,10 +113,12 @@ def conv_update_kernel(
 
 @triton.jit
 def conv_chunk_kernel(
-    x, weight, y, pool, cu_seqlens, slots, N, s_xt, s_wd,
+    x, weight, y, cu_seqlens, slots, N, s_xt, s_wd,
     D: tl.constexpr, W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr,
     BD: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
 ):
+    """y for a chunk of BT tokens of one sequence, rows i >= n only: every tap then lies inside x, so this pass
+    streams x with no history gathers (rows i < n are the state kernel's)."""
     i_d, i_c = tl.program_id(0), tl.program_id(1)
     # chunk i_c -> (sequence, chunk in sequence) by a prefix sum of per-sequence chunk counts
     o_n = tl.arange(0, BN)
@@ -128,11 +131,11 @@ def conv_chunk_kernel(
         return
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     n_t = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
-    slot = tl.load(slots + i_n).to(tl.int64)
+    slot = tl.load(slots + i_n)
     i_t0 = (i_c - tl.sum(tl.where(o_n == i_n, b_end - b_cnt, 0), 0)) * BT
 
     o_i = i_t0 + tl.arange(0, BT)  # sequence-local token positions (int32)
-    m_t = o_i < n_t
+    m_t = (o_i < n_t) & (o_i >= STATE_LEN)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     m_y = m_t[:, None] & m_d[None, :]
@@ -140,29 +143,45 @@ def conv_chunk_kernel(
     if slot < 0:
         tl.store(p_y, tl.zeros([BT, BD], dtype=y.dtype.element_ty), mask=m_y)
         return
-    b_y = conv_taps(x + bos * s_xt, weight, pool + slot * D * STATE_LEN, o_d[None, :], m_d[None, :], m_y,
-                    o_i[:, None], s_xt, s_wd, W, DIL, STATE_LEN, ACT)
+    x += bos * s_xt
+    b_y = tl.zeros([BT, BD], dtype=tl.float32)
+    for j in tl.static_range(W):
+        b_w = tl.load(weight + o_d * s_wd + j, mask=m_d, other=0.0).to(tl.float32)
+        p_x = x + (o_i - (W - 1 - j) * DIL)[:, None] * s_xt + o_d[None, :]
+        b_y += b_w[None, :] * tl.load(p_x, mask=m_y, other=0.0).to(tl.float32)
+    if ACT == 1:
+        b_y = b_y * tl.sigmoid(b_y)
     tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_y)
 
 
 @triton.jit
 def conv_state_kernel(
-    x, pool, cap, cu_seqlens, slots, capture_at, s_xt,
-    D: tl.constexpr, STATE_LEN: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr,
+    x, weight, y, pool, cap, cu_seqlens, slots, capture_at, s_xt, s_wd,
+    D: tl.constexpr, W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr,
+    BD: tl.constexpr, BS: tl.constexpr,
 ):
+    """Per (channel tile, sequence): y for the first min(n, len) tokens (their taps reach into the history), the
+    capture window and the final window (the pool row is read before it is overwritten)."""
     i_d, i_n = tl.program_id(0), tl.program_id(1)
     slot = tl.load(slots + i_n).to(tl.int64)
-    if slot < 0:
-        return
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     length = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    y += bos * D
+    if slot < 0:
+        for i in range(0, tl.minimum(length, STATE_LEN)):
+            tl.store(y + i * D + o_d, tl.zeros([BD], dtype=y.dtype.element_ty), mask=m_d)
+        return
     c_at = tl.load(capture_at + i_n)
     x += bos * s_xt
-    o_d = i_d * BD + tl.arange(0, BD)
-    o_s = tl.arange(0, BS)
-    m_ds = (o_d < D)[:, None] & (o_s < STATE_LEN)[None, :]
-    o_ds = o_d[:, None] * STATE_LEN + o_s[None, :]
     pool_row = pool + slot * D * STATE_LEN
+    for i in range(0, tl.minimum(length, STATE_LEN)):
+        b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, i, s_xt, s_wd, W, DIL, STATE_LEN, ACT)
+        tl.store(y + i * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
+    o_s = tl.arange(0, BS)
+    m_ds = m_d[:, None] & (o_s < STATE_LEN)[None, :]
+    o_ds = o_d[:, None] * STATE_LEN + o_s[None, :]
     if c_at >= 0:
         b_win = load_taps(x, pool_row, o_d[:, None], m_ds, c_at + o_s[None, :], s_xt, STATE_LEN)
         tl.store(cap + i_n * D * STATE_LEN + o_ds, b_win.to(cap.dtype.element_ty), mask=m_ds)
@@ -240,11 +259,11 @@ def launch_prefill(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor
     if T > 0:
         BD, BT = min(tuning.chunk_bd, triton.next_power_of_2(D)), tuning.chunk_bt
         conv_chunk_kernel[(triton.cdiv(D, BD), triton.cdiv(T, BT) + N)](
-            x, conv.weight, y, conv_pool, pack.cu_seqlens, pack.slots, N, x.stride(0), conv.weight.stride(0),
+            x, conv.weight, y, pack.cu_seqlens, pack.slots, N, x.stride(0), conv.weight.stride(0),
             BD=BD, BT=BT, BN=max(2, triton.next_power_of_2(N)), num_warps=tuning.chunk_warps, **meta)
     BD = min(tuning.update_bd, triton.next_power_of_2(D))
     conv_state_kernel[(triton.cdiv(D, BD), N)](
-        x, conv_pool, capture.buf, pack.cu_seqlens, pack.slots, capture.at, x.stride(0),
-        D=D, STATE_LEN=conv.state_len, BD=BD, BS=triton.next_power_of_2(conv.state_len),
-        num_warps=tuning.update_warps)
+        x, conv.weight, y, conv_pool, capture.buf, pack.cu_seqlens, pack.slots, capture.at, x.stride(0),
+        conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len), num_warps=tuning.update_warps,
+        **meta)
     return y

@@ -31,7 +31,7 @@ class Tuning:
 
     rec_bv: int = 32  # V-tile of the recurrent kernel: NV = V / rec_bv programs per (sequence, head)
     rec_warps: int = 4
-    prep_warps: int = 8
+    prep_warps: int = 4
     state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
     state_warps: int = 4
     state_stages: int = 2
