@@ -95,8 +95,8 @@ def _clean(model: onnx.ModelProto, spec: GraphSpec) -> onnx.ModelProto:
     for var in graph.outputs:
         var.shape = list(spec.output(var.name).dims)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    for node in graph.nodes:
-        node.name = f"{node.domain + '::' if node.domain else ''}{node.op}_{graph.nodes.index(node)}"
+    for i, node in enumerate(graph.nodes):
+        node.name = f"{node.domain + '::' if node.domain else ''}{node.op}_{i}"
     graph.name = f"{spec.model}.layer{spec.layer_idx}.{spec.stem}"
     out = gs.export_onnx(graph)
     for n in out.graph.node:

@@ -56,7 +56,6 @@ def translation(spec: OpSpec) -> Callable:
     The exporter matches a translation to the torch schema by parameter names and reads attributes from the
     annotations, so the function gets the spec's exact signature (inputs unannotated, int attributes `int`)."""
     op = custom_op(spec)
-    n_in = len(spec.inputs)
 
     def translate(*args, **kwargs):
         bound = translate.__signature__.bind(*args, **kwargs)
@@ -70,7 +69,6 @@ def translation(spec: OpSpec) -> Callable:
     translate.__signature__ = inspect.Signature(params)
     translate.__annotations__ = {a: int for a in spec.attrs}
     translate.__name__ = translate.__qualname__ = f"{spec.name}_translation"
-    assert len(params) == n_in + len(spec.attrs)
     return translate
 
 
