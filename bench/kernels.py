@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (RESULTS, copy_bandwidth, device_info, kernel_breakdown, n_sets_for, time_cuda,  # noqa: E402
                     write_results)
 
-from gdn_trt.plugins.causal_conv1d import naive as conv_naive  # noqa: E402
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri  # noqa: E402
 from gdn_trt.plugins.causal_conv1d.io import ConvParams  # noqa: E402
 from gdn_trt.plugins.gated_delta_rule import naive as gdn_naive  # noqa: E402

@@ -27,15 +27,16 @@ from .triton_recurrent import gdn_recurrent_kernel
 
 @dataclass(frozen=True)
 class Tuning:
-    """Launch parameters (chosen by the sweep in bench/kernels.py on the H200; see bench/README.md)."""
+    """Launch parameters. Defaults: the winners of the sweep in bench/kernels.py on the H200 (decode N=256 for the
+    recurrent kernel, prefill T=16384 for the chunked passes; bench/results/2026-12-02-kernels.md)."""
 
     rec_bv: int = 32  # V-tile of the recurrent kernel: NV = V / rec_bv programs per (sequence, head)
-    rec_warps: int = 4
-    prep_warps: int = 4
+    rec_warps: int = 1
+    prep_warps: int = 4  # 8 warps: +700 us at T=16384 (cross-warp reductions of the triangular solve)
     state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
     state_warps: int = 4
-    state_stages: int = 2
-    out_bv: int = 64
+    state_stages: int = 3
+    out_bv: int = 128
     out_warps: int = 4
 
 
