@@ -76,3 +76,17 @@ def test_schemas_follow_the_spec():
         mutated = [a.name for a in library.op(spec, inplace=True)._schema.arguments
                    if a.alias_info is not None and a.alias_info.is_write]
         assert mutated == list(spec.mutated_inputs)
+
+
+@pytest.mark.parametrize("folder,names", [("gated_delta_rule", ("recurrent", "recurrent_stash", "chunked")),
+                                          ("causal_conv1d", ("update", "update_stash", "prefill"))])
+def test_fast_path_has_the_reference_signature(folder, names):
+    """triton.py and naive.py expose the same entry points with the same parameters (names, order, annotations)."""
+    import importlib
+    import inspect
+
+    pytest.importorskip("triton", reason="the Triton kernels need the triton package (in the test extra)")
+    naive = importlib.import_module(f"gdn_trt.plugins.{folder}.naive")
+    fast = importlib.import_module(f"gdn_trt.plugins.{folder}.triton")
+    for name in names:
+        assert inspect.signature(getattr(fast, name)) == inspect.signature(getattr(naive, name)), name
