@@ -7,7 +7,6 @@ small shapes on the CPU by test_triton_interpret.py.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -18,6 +17,7 @@ from gdn_trt.plugins.causal_conv1d import naive
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.packing import Capture, Packing
 from gdn_trt.plugins.spec import Activation
+from .kernel_support import poisoned
 from .tolerances import assert_close, tol
 
 POOL_ROWS = 8
@@ -56,16 +56,6 @@ def make_inputs(step: Step, conv: Conv, dtype: torch.dtype, device: str
     params = ConvParams((torch.randn(conv.D, conv.W, device=device) * 0.5).to(dtype), conv.dilation, conv.activation)
     pool = torch.randn(POOL_ROWS, conv.D, params.state_len, device=device).to(dtype)
     return x, params, Packing.build(list(step.lengths), list(step.slots), device), pool
-
-
-@contextmanager
-def poisoned(module):
-    orig = module._new
-    module._new = lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device)
-    try:
-        yield
-    finally:
-        module._new = orig
 
 
 def _tri():

@@ -10,7 +10,6 @@ unwritten stash / capture rows still NaN, output rows of padding sequences exact
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -20,6 +19,7 @@ from torch import Tensor
 from gdn_trt.plugins.gated_delta_rule import naive
 from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
 from gdn_trt.plugins.packing import Capture, Packing
+from .kernel_support import poisoned
 from .tolerances import assert_close, tol
 
 POOL_ROWS = 8
@@ -72,17 +72,6 @@ def make_inputs(step: Step, heads: Heads, dtype: torch.dtype, device: str, pool_
 
 def _f64(x: GdnInputs) -> GdnInputs:
     return GdnInputs(*(t.detach().cpu().double() for t in (x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias)))
-
-
-@contextmanager
-def poisoned(module):
-    """Make every buffer the Triton module allocates start as NaN."""
-    orig = module._new
-    module._new = lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device)
-    try:
-        yield
-    finally:
-        module._new = orig
 
 
 def _tri():

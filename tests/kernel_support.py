@@ -1,0 +1,18 @@
+"""Helpers shared by the Triton kernel tests."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+
+@contextmanager
+def poisoned(module):
+    """Make every buffer a Triton module allocates (`module._new`) start as NaN, so unwritten rows fail loudly."""
+    orig = module._new
+    module._new = lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device)
+    try:
+        yield
+    finally:
+        module._new = orig
