@@ -58,12 +58,14 @@ class PleTable:
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: its config, its GDN layers in checkpoint order, and the PLE tables by layer index."""
+    """A loaded checkpoint: its config, its GDN layers in checkpoint order, and the PLE tables by layer index.
+    `merged_adapter`: the digest of a LoRA adapter merged into the layers (`peft.merge_checkpoint`), else None."""
 
     config: GdnConfig
     layers: list[LayerWeights]
     ple_tables: dict[int, PleTable] = field(default_factory=dict)
     path: Path | None = None
+    merged_adapter: str | None = None
 
 
 # ---- Qwen3-Next group interleave (reference/gdn.md §1.3) ----

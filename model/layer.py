@@ -21,6 +21,7 @@ from ..plugins.gated_delta_rule.io import GdnInputs
 from ..plugins.packing import Capture, Packing, compute_dtype
 from ..plugins.spec import Activation
 from .config import GdnConfig
+from .lora import LoraInput, Proj, Site, apply_sites, check_idx_values, check_input, one_hot, sites
 from .modes import LayerMode
 from .norms import gated_rms_norm, rms_norm_1p
 from .state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
@@ -48,6 +49,16 @@ class _Io:
         self.mode, self.pack, self.state, self.extra = mode, pack, state, extra
         self.pools: dict[str, Tensor] = {}
         self.outs: dict[str, Tensor] = {}
+        self.lora: LoraInput | None = None
+        self._onehot: Tensor | None = None
+
+    def adapt(self, y: Tensor, x: Tensor, where: list[Site]) -> Tensor:
+        """y = x W^T of one projection, plus the per-sequence LoRA updates of its sites (none without LoRA)."""
+        if self.lora is None:
+            return y
+        if self._onehot is None:
+            self._onehot = one_hot(self.lora)  # once per step and layer: every projection shares it
+        return apply_sites(y, x, self._onehot, self.lora, where)
 
     def conv(self, name: str, x: Tensor, conv: ConvParams) -> Tensor:
         pool = getattr(self.state, name)
@@ -95,6 +106,8 @@ class GdnLayer(nn.Module):
         for name in ("input_norm", "post_norm"):
             t = getattr(weights, name)
             self.norms.register_buffer(name, t.to(dtype) if t is not None else None)
+        self.lora_sites = sites(cfg, self.index)
+        self._by_proj = {p: [s for s in self.lora_sites.values() if s.proj is p] for p in Proj}
 
     # ---- entry points, one per LayerMode ----
     def decode(self, step: StepInput, state: LayerState) -> tuple[StepOutput, LayerState]:
@@ -131,6 +144,7 @@ class GdnLayer(nn.Module):
         written in place; under export they are new tensors."""
         self._check(mode, step, state, extra)
         io = _Io(mode, step.pack, state, extra)
+        io.lora = step.lora
         out = self._forward(step, io)
         if mode.uses_stash:
             return out, io.new_extra()
@@ -157,13 +171,13 @@ class GdnLayer(nn.Module):
             if self.mlp is None:
                 return StepOutput(y, residual)
             residual = residual + y
-            return StepOutput(self._mlp(rms_norm_1p(residual, self.norms.post_norm, cfg.rms_norm_eps)), residual)
+            return StepOutput(self._mlp(rms_norm_1p(residual, self.norms.post_norm, cfg.rms_norm_eps), io), residual)
         streams = step.x
         if self.ple is not None:
             streams = streams + self._ple(streams, step.ple_rows, io)
         streams = self._hc_sublayer(streams, self.attn_hc, lambda h: self._mixer(h, io))
         if self.mlp is not None:
-            streams = self._hc_sublayer(streams, self.mlp_hc, self._mlp)
+            streams = self._hc_sublayer(streams, self.mlp_hc, lambda h: self._mlp(h, io))
         return StepOutput(streams)
 
     def _mixer(self, h: Tensor, io: _Io) -> Tensor:
@@ -171,17 +185,20 @@ class GdnLayer(nn.Module):
         cfg, m = self.cfg, self.mixer
         T, H, HV = h.shape[0], cfg.linear_num_key_heads, cfg.linear_num_value_heads
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        qkv, z, b, a = F.linear(h, m.in_proj).split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
+        proj = io.adapt(F.linear(h, m.in_proj), h, self._by_proj[Proj.IN_PROJ])
+        qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
         qkv = io.conv("conv", qkv, ConvParams(m.conv, 1, Activation.SILU))
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)
         o = io.gdn(x)
         o = gated_rms_norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
-        return F.linear(o.reshape(T, cfg.value_dim), m.out_proj)
+        o = o.reshape(T, cfg.value_dim)
+        return io.adapt(F.linear(o, m.out_proj), o, self._by_proj[Proj.OUT_PROJ])
 
-    def _mlp(self, h: Tensor) -> Tensor:
-        gate, up = F.linear(h, self.mlp.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.mlp.down)
+    def _mlp(self, h: Tensor, io: _Io) -> Tensor:
+        gate, up = io.adapt(F.linear(h, self.mlp.gate_up), h, self._by_proj[Proj.GATE_UP]).chunk(2, dim=-1)
+        act = F.silu(gate) * up
+        return io.adapt(F.linear(act, self.mlp.down), act, self._by_proj[Proj.DOWN])
 
     def _hc_sublayer(self, streams: Tensor, hc: _Part, sublayer) -> Tensor:
         """Qwen4-Exp gated residual around one sublayer (reference/ple_hc.md §3.4)."""
@@ -230,6 +247,8 @@ class GdnLayer(nn.Module):
                              f"got {tuple(step.ple_rows.shape)}")
         if (state.ple_conv is None) != (self.ple is None):
             raise ValueError(f"layer {self.index}: ple_conv pool {'missing' if self.ple is not None else 'unexpected'}")
+        if step.lora is not None:
+            check_input(step.lora, self.lora_sites, step.x.shape[0], self.dtype)
         if torch.compiler.is_exporting():
             return  # token counts are symbolic while tracing; the GraphSpec profiles bound them
         T, N = step.x.shape[0], step.pack.num_seqs
@@ -265,6 +284,8 @@ class GdnLayer(nn.Module):
         step.pack.check_shapes(T)
         if step.pack.cu_seqlens.device.type == "cpu":  # value checks would force a host sync on a GPU
             step.pack.check_values(T, S)
+            if step.lora is not None:
+                check_idx_values(step.lora)
             if isinstance(extra, StateCapture):
                 Capture(extra.at, extra.ssm).check(N, cfg.ssm_state_shape)
                 Capture(extra.at, extra.ssm).check_values(step.pack.lengths())

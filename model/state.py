@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..plugins.packing import Packing, compute_dtype
 from .config import GdnConfig
+from .lora import LoraInput
 
 
 @dataclass(frozen=True)
@@ -92,12 +93,14 @@ class StepInput:
         residual: plain residual only: the running residual [T, C] (zeros before the first layer).
         pack: cu_seqlens / slots of the T packed tokens.
         ple_rows: [T, heads, d_h] gathered n-gram table rows, on PLE layers only.
+        lora: per-sequence LoRA adapters: a slot index per token and the slot weights (`model.lora.LoraInput`).
     """
 
     x: Tensor
     pack: Packing
     residual: Tensor | None = None
     ple_rows: Tensor | None = None
+    lora: LoraInput | None = None
 
 
 @dataclass
