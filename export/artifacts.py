@@ -1,8 +1,9 @@
 """Exported model folders: every (layer, mode) graph of a checkpoint, and the manifest that lists them.
 
-Layout (`<out>/<model>/`): `layer<i>/<mode>[+hc][+ple].onnx` (+ `.onnx.data` weights) per GDN layer and mode, and
-`manifest.json` with the checkpoint path, config hash, limits, tool versions and, per graph, its GraphSpec, node
-counts, size and sha256. `gdn-trt build` and `gdn-trt compare` read the manifest; the runtime may too.
+Layout (`<out>/<model>/`): `layer<i>/<mode>[+hc][+ple][+lora].onnx` (+ `.onnx.data` weights) per GDN layer and
+mode, and `manifest.json` with the checkpoint path, config hash, limits, tool versions, the LoRA adapter merged into
+the weights (path and digest; `ExportPlan.adapter`) and, per graph, its GraphSpec, node counts, size and sha256.
+`gdn-trt build` and `gdn-trt compare` read the manifest; the runtime may too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from ..model.checkpoint import Checkpoint
 from ..model.layer import GdnLayer
+from ..model.peft import load_adapter, merge_checkpoint
 from ..plugins.spec import NAMESPACE
 from .modes import LayerMode
 from .onnx_export import export_graph
@@ -36,6 +38,7 @@ class ExportPlan:
     layers: str = "all"  # "all", "variants" (first GDN layer of each variant) or comma-separated indices
     dtype: str | None = None  # activation dtype; None = the checkpoint's
     limits: Limits = Limits()
+    adapter: Path | None = None  # a PEFT LoRA adapter merged into the weights before export (W + scale B A)
 
     def layer_ids(self, ck: Checkpoint) -> list[int]:
         ids = list(ck.config.gdn_layer_ids)
@@ -106,6 +109,20 @@ def checkpoint_path(manifest: "Manifest") -> Path | None:
     return None if ck is None else (manifest.root / ck).resolve()
 
 
+def exported_weights(manifest: "Manifest", ck: Checkpoint) -> Checkpoint:
+    """The weights the graphs of `manifest` hold: `ck`, with the manifest's merged adapter merged again (its digest
+    checked, so a changed adapter file is an error, not a silent mismatch)."""
+    ad = manifest.data.get("adapter")
+    if ad is None:
+        return ck
+    path = (manifest.root / ad["path"]).resolve()
+    adapter = load_adapter(path, ck.config, ad["name"])
+    if adapter.digest() != ad["digest"]:
+        raise ValueError(f"{path}: adapter digest {adapter.digest()} differs from the export's {ad['digest']} "
+                         "(the adapter changed since the export)")
+    return merge_checkpoint(ck, adapter)
+
+
 def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
                       progress: Callable[[GraphRecord], None] | None = None) -> Path:
     """Export every planned (layer, mode) of `ck` under `<out>/<model>/`; write and return the manifest path.
@@ -113,6 +130,12 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
     cfg = ck.config
     dtype = plan.dtype or cfg.dtype
     root = Path(out) / cfg.name
+    merged = None
+    if plan.adapter is not None:
+        adapter = load_adapter(plan.adapter, cfg)
+        ck = merge_checkpoint(ck, adapter)
+        merged = {"name": adapter.name, "digest": adapter.digest(), "path": _portable(plan.adapter, root),
+                  "skipped_tensors": len(adapter.skipped)}
     by_index = {lw.index: lw for lw in ck.layers}
     records = []
     for i in plan.layer_ids(ck):
@@ -126,7 +149,7 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
                 progress(rec)
     manifest = {
         "model": cfg.name, "config_hash": cfg.config_hash(), "checkpoint": _portable(ck.path, root),
-        "dtype": dtype, "limits": GraphSpec.to_json(records[0].spec)["limits"] if records else None,
+        "adapter": merged, "dtype": dtype, "limits": GraphSpec.to_json(records[0].spec)["limits"] if records else None,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__},
         "graphs": [r.to_json() for r in records],
     }

@@ -83,15 +83,17 @@ def profiles(spec: GraphSpec) -> list:
     return out
 
 
-def engine_loader(spec: GraphSpec, onnx_path: Path, plugins: bool = True):
-    """A Polygraphy engine loader for one graph (nothing runs until it is called)."""
+def engine_loader(spec: GraphSpec, onnx_path: Path, plugins: bool = True, refittable: bool = False):
+    """A Polygraphy engine loader for one graph (nothing runs until it is called). `refittable` sets
+    BuilderFlag.REFIT, so `gdn-trt refit` can later replace the weights (e.g. a merged LoRA adapter)."""
     trt = import_tensorrt()
     from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromOnnxPath
 
     if plugins:
         load_plugins()
         preflight(onnx_path)
-    config = CreateConfig(profiles=profiles(spec), preview_features=[trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03])
+    config = CreateConfig(profiles=profiles(spec), preview_features=[trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03],
+                          refittable=refittable)
     return EngineFromNetwork(NetworkFromOnnxPath(str(onnx_path), strongly_typed=True), config=config)
 
 
@@ -99,6 +101,7 @@ def engine_loader(spec: GraphSpec, onnx_path: Path, plugins: bool = True):
 class BuildOptions:
     out: Path
     plugins: bool = True
+    refittable: bool = False
 
 
 def _gpu() -> dict:
@@ -117,13 +120,15 @@ def build_graph(manifest: Manifest, rec: GraphRecord, opts: BuildOptions) -> Pat
     onnx_path = manifest.root / rec.path
     plan = opts.out / manifest.data["model"] / Path(rec.path).with_suffix(".plan")
     plan.parent.mkdir(parents=True, exist_ok=True)
-    SaveEngine(engine_loader(rec.spec, onnx_path, opts.plugins), path=str(plan))()
+    SaveEngine(engine_loader(rec.spec, onnx_path, opts.plugins, opts.refittable), path=str(plan))()
+    merged = manifest.data.get("adapter")
     meta = {
         "model": manifest.data["model"], "config_hash": rec.spec.config_hash, "graph_spec": rec.spec.to_json(),
         "onnx": rec.path, "onnx_sha256": rec.sha256, "tensorrt": trt.__version__,
         "plugins": ({op: {"namespace": NAMESPACE, "version": PLUGIN_VERSION} for op in custom_nodes(onnx_path)}
                     if opts.plugins else "none (function bodies inlined)"),
-        "preview_features": ["ALIASED_PLUGIN_IO_10_03"], "gpu": _gpu(),
+        "preview_features": ["ALIASED_PLUGIN_IO_10_03"], "gpu": _gpu(), "refittable": opts.refittable,
+        "merged_adapter": None if merged is None else merged["digest"],
         "plan_sha256": hashlib.sha256(plan.read_bytes()).hexdigest(), "plan_bytes": plan.stat().st_size,
     }
     plan.with_suffix(".json").write_text(json.dumps(meta, indent=2))

@@ -2,7 +2,10 @@
 
     gdn-trt export --preset tiny-3.5 --out artifacts/onnx     # synthetic checkpoint (seed 0) under the out dir
     gdn-trt export --checkpoint DIR [--modes prefill,decode] [--layers all|variants|0,2] [--dtype float32]
-    gdn-trt build --onnx artifacts/onnx --out engines          # needs TensorRT >= 10.8
+    gdn-trt export --checkpoint DIR --adapter LORA_DIR          # a PEFT LoRA adapter merged into the weights
+    gdn-trt export --checkpoint DIR --lora-slots 4 --lora-rank 16   # per-sequence adapter slots as graph inputs
+    gdn-trt build --onnx artifacts/onnx --out engines [--refittable]   # needs TensorRT >= 10.8
+    gdn-trt refit --engines engines --onnx artifacts/onnx-merged    # new weights into refittable plans
     gdn-trt compare --onnx artifacts/onnx [--backends torch,onnxrt,trt] [--device cpu|cuda]
 """
 
@@ -16,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..model.config import DEFAULT_PRESET, preset
+from ..model.lora import LoraLimits
 from .modes import LayerMode
 from .spec import Limits
 
@@ -50,6 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pool-slots", type=int, default=Limits.pool_slots)
     p.add_argument("--seq-buckets", type=_ints, default=(), help="upper bounds of the N profiles, e.g. 8,64")
     p.add_argument("--token-buckets", type=_ints, default=(), help="upper bounds of the PREFILL T profiles")
+    p.add_argument("--adapter", type=Path, help="PEFT LoRA adapter directory merged into the weights (W + scale B A)")
+    p.add_argument("--lora-slots", type=int, default=0,
+                   help="per-sequence LoRA: adapter slots as graph inputs (0 = none)")
+    p.add_argument("--lora-rank", type=int, default=LoraLimits.max_rank, help="rank of every LoRA slot")
+    p.add_argument("--lora-targets", default="", help="comma-separated HF target names (default: all of the family)")
     p.set_defaults(func=run_export)
 
     p = sub.add_parser("build", help="TensorRT plans from exported graphs (needs TensorRT >= 10.8)")
@@ -57,7 +66,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("engines"))
     p.add_argument("--modes", type=_modes)
     p.add_argument("--no-plugins", action="store_true", help="plugin-free build: TensorRT inlines the bodies")
+    p.add_argument("--refittable", action="store_true", help="plans whose weights `gdn-trt refit` can replace")
     p.set_defaults(func=run_build)
+
+    p = sub.add_parser("refit", help="replace the weights of refittable plans by those of another export")
+    p.add_argument("--engines", type=Path, default=Path("engines"), help="plans built with --refittable")
+    p.add_argument("--onnx", type=Path, required=True, help="export of the same graphs with the new weights")
+    p.add_argument("--modes", type=_modes)
+    p.set_defaults(func=run_refit)
 
     p = sub.add_parser("compare", help="torch vs ONNX Runtime vs TensorRT on the exported graphs (Polygraphy)")
     p.add_argument("--onnx", type=Path, default=DEFAULT_ONNX, help="export folder (a model folder or its parent)")
@@ -84,9 +100,13 @@ def run_export(args) -> int:
     else:
         path = args.checkpoint
     ck = load_checkpoint(path)
+    lora = None
+    if args.lora_slots:
+        lora = LoraLimits(args.lora_slots, args.lora_rank, tuple(t for t in args.lora_targets.split(",") if t))
+        lora.resolve(ck.config)
     limits = Limits(args.max_seqs, args.max_tokens, args.max_draft, args.pool_slots, args.seq_buckets,
-                    args.token_buckets)
-    plan = ExportPlan(args.modes or tuple(LayerMode), args.layers, args.dtype, limits)
+                    args.token_buckets, lora)
+    plan = ExportPlan(args.modes or tuple(LayerMode), args.layers, args.dtype, limits, args.adapter)
     total = len(plan.layer_ids(ck)) * len(plan.modes)
     with tqdm(total=total, desc=f"export {ck.config.name}", unit="graph", file=sys.stderr) as bar:
         def progress(rec):
@@ -94,6 +114,13 @@ def run_export(args) -> int:
             bar.update(1)
 
         manifest = export_checkpoint(ck, args.out, plan, progress)
+    merged = json.loads(manifest.read_text())["adapter"]
+    if merged:
+        print(f"merged LoRA adapter {merged['name']} (digest {merged['digest']}; {merged['skipped_tensors']} tensors "
+              "of modules outside the GDN layers not used)")
+    if lora:
+        print(f"per-sequence LoRA: {lora.max_adapters} adapter slots of rank {lora.max_rank} on "
+              f"{', '.join(t.value for t in lora.resolve(ck.config))}")
     print(f"{total} graphs, manifest: {manifest}")
     return 0
 
@@ -107,13 +134,30 @@ def run_build(args) -> int:
     except TrtUnavailable as e:
         print(f"gdn-trt build: {e}", file=sys.stderr)
         return 2
-    opts = BuildOptions(args.out, plugins=not args.no_plugins)
+    opts = BuildOptions(args.out, plugins=not args.no_plugins, refittable=args.refittable)
     print(f"TensorRT {trt.__version__}; plugins: {'gdn_trt (JIT QDP)' if opts.plugins else 'none (bodies inlined)'}")
     for m in Manifest.find(args.onnx):
         for rec in tqdm(m.select(args.modes), desc=f"build {m.data['model']}", unit="plan", file=sys.stderr):
             plan = build_graph(m, rec, opts)
             tqdm.write(f"layer {rec.spec.layer_idx} {rec.spec.stem}: {len(rec.spec.buckets)} profiles, "
                        f"{plan.stat().st_size / 1e6:.2f} MB -> {plan}")
+    return 0
+
+
+def run_refit(args) -> int:
+    from .artifacts import Manifest
+    from .build import TrtUnavailable, import_tensorrt
+    from .refit import refit_plans
+
+    try:
+        trt = import_tensorrt()
+    except TrtUnavailable as e:
+        print(f"gdn-trt refit: {e}", file=sys.stderr)
+        return 2
+    print(f"TensorRT {trt.__version__}")
+    for m in Manifest.find(args.onnx):
+        for plan in refit_plans(m, args.engines, args.modes):
+            print(f"refit {plan}")
     return 0
 
 

@@ -19,7 +19,7 @@ from polygraphy.comparator import Comparator
 
 from ..model.checkpoint import load_checkpoint
 from ..model.layer import GdnLayer
-from .artifacts import GraphRecord, Manifest, checkpoint_path
+from .artifacts import GraphRecord, Manifest, checkpoint_path, exported_weights
 from .data import GraphData
 from .runners import TorchRunner, onnxrt_runner, trt_runner
 from .spec import GraphSpec
@@ -123,7 +123,7 @@ def compare_graph(manifest: Manifest, rec: GraphRecord, layer: GdnLayer, opts: C
 
 
 def layers_of(manifest: Manifest, dtype: str) -> dict[int, GdnLayer]:
-    """The exported checkpoint's layers, loaded again with the real loader."""
+    """The exported checkpoint's layers, loaded again with the real loader (and the merged adapter, if any)."""
     ck_path = checkpoint_path(manifest)
     if ck_path is None or not ck_path.exists():
         raise FileNotFoundError(f"{manifest.path}: checkpoint {ck_path!r} not found; the torch runner needs it")
@@ -131,6 +131,7 @@ def layers_of(manifest: Manifest, dtype: str) -> dict[int, GdnLayer]:
     if ck.config.config_hash() != manifest.data["config_hash"]:
         raise ValueError(f"{ck_path}: config hash {ck.config.config_hash()} differs from the export's "
                          f"{manifest.data['config_hash']}")
+    ck = exported_weights(manifest, ck)
     return {lw.index: GdnLayer(ck.config, lw, _TORCH_DTYPES[dtype]).eval() for lw in ck.layers}
 
 

@@ -4,7 +4,9 @@ Each mode gets a fixed list of cases that exercise what its graph must get right
 random, a padding sequence (slot -1) where the mode has several sequences, a sequence with zero tokens (verify
 with no drafts, an empty prefill), capture points at 0, at a 64-token chunk boundary and none (-1), and prefills
 that cross a chunk boundary. Activations, pools, stashes and captures are random, so rows a graph must leave
-untouched are compared too. Every case must fit one of the spec's profile buckets.
+untouched are compared too. Graphs with LoRA slots get random slot weights and, per sequence, an adapter slot
+(the last slot first, then the others, then -1 = none), so single-sequence modes use an adapter and multi-sequence
+modes mix adapters with none. Every case must fit one of the spec's profile buckets.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Case:
     lengths: tuple[int, ...]
     slots: tuple[int, ...]
     capture_at: tuple[int, ...] | None = None
+    adapters: tuple[int, ...] | None = None  # LoRA slot per sequence (-1 = none); None = no LoRA inputs
 
     def sizes(self) -> dict[str, int]:
         return {"N": len(self.lengths), "T": sum(self.lengths)}
@@ -78,7 +81,10 @@ class GraphData:
         lengths, caps = c
         free = rng.permutation(self.spec.limits.pool_slots)
         slots = tuple(-1 if L < 0 else int(free[i]) for i, L in enumerate(lengths))
-        case = Case(tuple(1 if L < 0 else L for L in lengths), slots, caps)
+        lora = self.spec.limits.lora
+        adapters = None if lora is None else tuple(lora.max_adapters - 1 - k % (lora.max_adapters + 1)
+                                                   for k in range(len(lengths)))
+        case = Case(tuple(1 if L < 0 else L for L in lengths), slots, caps, adapters)
         self.spec.bucket_for({**case.sizes(), "S": self.spec.limits.pool_slots})  # raises if no profile holds it
         return case
 
@@ -86,8 +92,10 @@ class GraphData:
         rng = np.random.default_rng(self.seed * 1000 + index + 1)
         sizes = {**case.sizes(), "S": self.spec.limits.pool_slots}
         cu = np.concatenate([[0], np.cumsum(case.lengths)]).astype(np.int32)
+        adapters = case.adapters or ()
         fixed = {"cu_seqlens": cu, "slots": np.asarray(case.slots, np.int32),
-                 "capture_at": np.asarray(case.capture_at or (), np.int32)}
+                 "capture_at": np.asarray(case.capture_at or (), np.int32),
+                 "lora_idx": np.repeat(np.asarray(adapters, np.int32), case.lengths[:len(adapters)])}
         feed = {}
         for t in self.spec.inputs:
             shape = t.shape(sizes)

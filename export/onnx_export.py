@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model.layer import GdnLayer
+from ..model.lora import LoraInput, SlotWeights
 from ..model.state import LayerState, StateCapture, StateStash, StepInput
 from ..plugins.causal_conv1d import onnx as conv_onnx
 from ..plugins.gated_delta_rule import onnx as gdn_onnx
@@ -46,8 +47,13 @@ class ModeGraph(nn.Module):
     def forward(self, *args: Tensor) -> tuple[Tensor, ...]:
         t = dict(zip(self.spec.input_names, args))
         mode = self.spec.mode
+        lora = None
+        if "lora_idx" in t:
+            slots = {s.target: SlotWeights(t[f"lora_{s.target.value}_a"], t[f"lora_{s.target.value}_b"])
+                     for s in self.spec.limits.lora.layer_sites(self.layer.cfg, self.layer.index)}
+            lora = LoraInput(t["lora_idx"], slots)
         step = StepInput(t["streams"] if "streams" in t else t["x"], Packing(t["cu_seqlens"], t["slots"]),
-                         t.get("residual"), t.get("ple_rows"))
+                         t.get("residual"), t.get("ple_rows"), lora)
         state = LayerState(t["conv_pool"], t["ssm_pool"], t.get("ple_conv_pool"))
         extra = None
         if mode.uses_stash:

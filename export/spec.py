@@ -7,8 +7,10 @@ makes inputs from it, and the runtime checks engine bindings against it and bind
 address of the input it updates.
 
 Symbols: `T` tokens, `N` sequences (`N+1` for cu_seqlens), `S` pool slots. Input order: activations, packing
-(cu_seqlens, slots[, capture_at]), pools, then stashes (verify modes) or captures (prefill modes). Outputs:
-activations, then the updated buffers in input order, each named `<input>_out` and aliased to its input.
+(cu_seqlens, slots[, capture_at]), pools, then stashes (verify modes) or captures (prefill modes), then, when the
+limits enable per-sequence LoRA (`Limits.lora`), `lora_idx [T] int32` (slot per token, -1 = none) and per target
+`lora_<target>_a [L, R, in]` / `lora_<target>_b [L, R, out]` (static: L adapter slots of rank R; read only).
+Outputs: activations, then the updated buffers in input order, each named `<input>_out` and aliased to its input.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..model.config import GdnConfig
+from ..model.lora import LoraLimits
 from .modes import LayerMode
 
 SEQS, TOKENS, SLOTS = "N", "T", "S"
@@ -46,6 +49,7 @@ class Role(str, enum.Enum):
     POOL = "pool"  # [S, ...] per-slot state, updated in place by decode and prefill modes
     STASH = "stash"  # [T, ...] state after each token (verify modes)
     CAPTURE = "capture"  # [N, ...] prefix snapshot (prefill modes)
+    ADAPTER = "adapter"  # [L, R, ...] LoRA adapter slots (read only, static shape)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class Limits:
         pool_slots: S, rows of every state pool.
         seq_buckets / token_buckets: ascending upper bounds splitting N (multi-sequence modes) or T (PREFILL) into
             optimization profiles; the last one must be the maximum; () = one bucket.
+        lora: per-sequence LoRA adapter slots as graph inputs (None = graphs without them).
     """
 
     max_seqs: int = 8
@@ -67,6 +72,7 @@ class Limits:
     pool_slots: int = 16
     seq_buckets: tuple[int, ...] = ()
     token_buckets: tuple[int, ...] = ()
+    lora: LoraLimits | None = None
 
     def __post_init__(self) -> None:
         for f in ("max_seqs", "max_tokens", "max_draft", "pool_slots"):
@@ -136,8 +142,9 @@ class GraphSpec:
 
     @property
     def stem(self) -> str:
-        """File stem of the graph and its engine: `<mode>[+hc][+ple]`."""
-        return self.mode.value + ("" if self.variant is Variant.PLAIN else "+" + self.variant.value)
+        """File stem of the graph and its engine: `<mode>[+hc][+ple][+lora]`."""
+        return (self.mode.value + ("" if self.variant is Variant.PLAIN else "+" + self.variant.value)
+                + ("+lora" if self.limits.lora is not None else ""))
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -195,8 +202,11 @@ class GraphSpec:
     def from_json(d: dict) -> "GraphSpec":
         ts = lambda xs: tuple(TensorSpec(x["name"], x["dtype"], tuple(x["dims"]), Role(x["role"]),  # noqa: E731
                                          x["aliases"]) for x in xs)
-        lim = d["limits"]
-        limits = Limits(**{k: tuple(v) if isinstance(v, list) else v for k, v in lim.items()})
+        lim = dict(d["limits"])
+        lora = lim.pop("lora", None)  # absent in manifests written before LoRA slots existed
+        limits = Limits(**{k: tuple(v) if isinstance(v, list) else v for k, v in lim.items()},
+                        lora=None if lora is None else LoraLimits(lora["max_adapters"], lora["max_rank"],
+                                                                  tuple(lora["targets"])))
         buckets = tuple(Bucket(tuple((s, tuple(r)) for s, r in b["ranges"])) for b in d["buckets"])
         return GraphSpec(d["model"], d["config_hash"], d["layer_idx"], LayerMode(d["mode"]), Variant(d["variant"]),
                          d["act_dtype"], limits, ts(d["inputs"]), ts(d["outputs"]), buckets)
@@ -276,7 +286,21 @@ def graph_spec(cfg: GdnConfig, layer_idx: int, mode: LayerMode, limits: Limits,
     elif mode.uses_capture:
         updated += [TensorSpec(f"{s}_capture", dt, (N, *shape), Role.CAPTURE) for s, dt, shape in state]
     ins += [t for t in updated if t.role is not Role.POOL]
+    ins += lora_inputs(cfg, layer_idx, limits.lora, act, T)
     outs = [TensorSpec(t.name + "_out", t.dtype, t.dims, A) for t in acts]
     outs += [TensorSpec(t.name + "_out", t.dtype, t.dims, t.role, aliases=t.name) for t in updated]
     return GraphSpec(cfg.name, cfg.config_hash(), layer_idx, mode, variant, act, limits, tuple(ins), tuple(outs),
                      _buckets(mode, limits))
+
+
+def lora_inputs(cfg: GdnConfig, layer_idx: int, lora: LoraLimits | None, act: str, tokens: int | str
+                ) -> list[TensorSpec]:
+    """`lora_idx` and the adapter slots of every LoRA target of the layer (none without `lora`)."""
+    if lora is None:
+        return []
+    L, R = lora.max_adapters, lora.max_rank
+    out = [TensorSpec("lora_idx", "int32", (tokens,), Role.INDEX)]
+    for s in lora.layer_sites(cfg, layer_idx):
+        out += [TensorSpec(f"lora_{s.target.value}_a", act, (L, R, s.in_dim), Role.ADAPTER),
+                TensorSpec(f"lora_{s.target.value}_b", act, (L, R, s.out_dim), Role.ADAPTER)]
+    return out

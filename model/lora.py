@@ -104,7 +104,8 @@ def sites(cfg: GdnConfig, layer_idx: int) -> dict[LoraTarget, Site]:
         out += [Site(LoraTarget.IN_PROJ_QKVZ, Proj.IN_PROJ, 0, z, C),
                 Site(LoraTarget.IN_PROJ_BA, Proj.IN_PROJ, z, z + 2 * HV, C)]
     else:
-        out += [Site(LoraTarget.IN_PROJ_QKV, Proj.IN_PROJ, 0, qkv, C), Site(LoraTarget.IN_PROJ_Z, Proj.IN_PROJ, qkv, z, C),
+        out += [Site(LoraTarget.IN_PROJ_QKV, Proj.IN_PROJ, 0, qkv, C),
+                Site(LoraTarget.IN_PROJ_Z, Proj.IN_PROJ, qkv, z, C),
                 Site(LoraTarget.IN_PROJ_B, Proj.IN_PROJ, z, z + HV, C),
                 Site(LoraTarget.IN_PROJ_A, Proj.IN_PROJ, z + HV, z + 2 * HV, C)]
     out.append(Site(LoraTarget.OUT_PROJ, Proj.OUT_PROJ, 0, C, cfg.value_dim))

@@ -29,7 +29,8 @@ from torch import Tensor
 
 from .checkpoint import Checkpoint
 from .config import Family, GdnConfig, preset
-from .lora import MLP_TARGETS, Adapter, LoraTarget, LoraWeights, family_targets, internal_rows, merge_layer, rank_scale, sites
+from .lora import (MLP_TARGETS, Adapter, LoraTarget, LoraWeights, family_targets, internal_rows, merge_layer,
+                   rank_scale, sites)
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -41,7 +42,8 @@ log = logging.getLogger("gdn_trt.model")
 
 
 class AdapterError(ValueError):
-    """An adapter that cannot be applied to this model; the message names the tensor or field and why."""
+    """An adapter that cannot be applied to this model (the message names the tensor or field and why), or, in the
+    runtime, one that cannot be registered, bound or unregistered."""
 
 
 @dataclass(frozen=True)
