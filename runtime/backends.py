@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-from ..export.spec import GraphSpec
+from ..export.spec import GraphSpec, Role
 from ..model.config import GdnConfig
 from ..model.layer import GdnLayer
+from ..model.lora import LoraLimits
 from ..model.modes import LayerMode
 from ..model.state import LayerState, StateCapture, StateStash, StepInput, StepOutput
 
@@ -98,6 +99,15 @@ class TorchEngine(Engine):
 BACKENDS = ("auto", "torch", "trt")
 
 
+@dataclass(frozen=True)
+class PlanMatch:
+    """What a session's plans must have been built for besides config and dtype: the same LoRA adapter slots
+    (graph inputs of fixed shape) and the same merged adapter (digest; None = base weights)."""
+
+    lora: LoraLimits | None = None
+    merged_adapter: str | None = None
+
+
 def trt_unavailable(device: torch.device, engines_dir: str | None) -> str | None:
     """Why TensorRT engines cannot serve this session (None = they can)."""
     if device.type != "cuda":
@@ -112,7 +122,7 @@ def trt_unavailable(device: torch.device, engines_dir: str | None) -> str | None
 
 
 def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None, device: torch.device,
-                  pool_rows: int) -> list[list[Engine]]:
+                  pool_rows: int, match: PlanMatch = PlanMatch()) -> list[list[Engine]]:
     """Per layer, the candidate engines in preference order. 'torch': the PyTorch modes; 'trt': the plans of
     `engines_dir` only (an error when TensorRT cannot serve); 'auto': the plans when TensorRT can serve, with the
     PyTorch modes behind them for what the plans' profiles do not cover (each such choice is logged)."""
@@ -130,7 +140,7 @@ def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None,
     from .trt import load_trt_engines  # imports tensorrt
 
     act = str(layers[0].dtype).replace("torch.", "")
-    trt_engines = load_trt_engines(layers[0].cfg, engines_dir, device, act, pool_rows)
+    trt_engines = load_trt_engines(layers[0].cfg, engines_dir, device, act, pool_rows, match)
     if backend == "trt":
         return [[e] for e in trt_engines]
     log.info("backend auto -> trt from %s (torch-%s behind it for steps the profiles do not cover)",
@@ -163,9 +173,11 @@ def _spec_of(m: dict, path: Path) -> GraphSpec:
         raise PlanMismatchError(f"{path}: unreadable GraphSpec ({e}); rebuild with gdn-trt build") from None
 
 
-def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str) -> dict[tuple[int, LayerMode], PlanInfo]:
+def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str, match: PlanMatch = PlanMatch()
+               ) -> dict[tuple[int, LayerMode], PlanInfo]:
     """Every plan under `engines_dir` for `cfg`, by (layer, mode). Raises `PlanMismatchError` when a manifest
-    there names this model but another config hash or dtype, and `FileNotFoundError` when none is found."""
+    there names this model but another config hash or dtype, other LoRA slots or another merged adapter than
+    `match`, and `FileNotFoundError` when none is found."""
     root = Path(engines_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"engines_dir {root} does not exist (run gdn-trt export and gdn-trt build)")
@@ -187,6 +199,12 @@ def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str) -> dict[
                                     f"{act_dtype}")
         if spec.layer_idx not in cfg.gdn_layer_ids:
             raise PlanMismatchError(f"{path}: layer {spec.layer_idx} is not a GDN layer of {cfg.name}")
+        if spec.limits.lora != match.lora:
+            raise PlanMismatchError(f"{path}: built with LoRA slots {spec.limits.lora}; the session has "
+                                    f"{match.lora} (re-export with matching --lora-slots/--lora-rank/--lora-targets)")
+        if m.get("merged_adapter") != match.merged_adapter:
+            raise PlanMismatchError(f"{path}: holds merged adapter {m.get('merged_adapter')}; the session's weights "
+                                    f"have {match.merged_adapter} (export and build, or refit, the same weights)")
         plan = path.parent / m.get("plan", path.with_suffix(".plan").name)
         if not plan.is_file() or plan.stat().st_size == 0:
             raise PlanMismatchError(f"{path}: its plan {plan} is missing or empty (a failed build?)")
@@ -198,3 +216,32 @@ def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str) -> dict[
     if not found:
         raise FileNotFoundError(f"no plan manifests under {root} (run gdn-trt build)")
     return found
+
+
+def bind_inputs(call: LayerCall, spec: GraphSpec) -> dict[str, torch.Tensor]:
+    """GraphSpec input name -> the runtime tensor bound to it (TensorRT binds by these names). Raises ValueError
+    naming the input when the runtime has no tensor for it or its dtype differs from the graph's."""
+    s = call.step
+    acts = {"x": s.x, "residual": s.residual, "streams": s.x, "ple_rows": s.ple_rows,
+            "cu_seqlens": s.pack.cu_seqlens, "slots": s.pack.slots,
+            "capture_at": getattr(call.extra, "at", None), "lora_idx": None if s.lora is None else s.lora.idx}
+    out = {}
+    for t in spec.inputs:
+        if t.role in (Role.ACTIVATION, Role.INDEX):
+            x = acts[t.name]
+        elif t.role is Role.ADAPTER:  # lora_<target>_a / lora_<target>_b
+            target, _, part = t.name[len("lora_"):].rpartition("_")
+            w = None if s.lora is None else {k.value: v for k, v in s.lora.slots.items()}.get(target)
+            x = None if w is None else getattr(w, part)
+        else:  # <part>_pool from the layer state, <part>_stash / <part>_capture from the step's extra buffers
+            part, _, _ = t.name.rpartition("_")
+            x = getattr(call.state if t.role is Role.POOL else call.extra, part)
+        if x is None or x.dtype != t.torch_dtype:
+            raise ValueError(f"{spec.stem} input {t.name}: runtime tensor is "
+                             f"{None if x is None else x.dtype}, the plan takes {t.dtype}")
+        if t.role in (Role.ACTIVATION, Role.INDEX):
+            x = x.contiguous()
+        elif not x.is_contiguous():  # a copy would take the writes: buffers must be bound where they live
+            raise ValueError(f"{spec.stem} buffer {t.name} is not contiguous")
+        out[t.name] = x
+    return out

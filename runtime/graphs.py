@@ -1,10 +1,12 @@
 """CUDA-graph cache for decode steps: one entry per (engines, mode, bucket), captured piecewise around vetoed layers.
 
-An entry owns fixed input buffers for `bucket` sequences (x, residual, slots, cu_seqlens): a step of N <= bucket
-sequences is copied in, rows N.. are zeroed and their slots set to -1 (the ops skip them: padding never writes a
-pool row). The stack is cut into segments of consecutive layers: a segment whose layers have no capture veto is
-captured once (after a warm-up, with every slot -1, so neither warm-up nor capture writes state) and replayed; a
-vetoed segment runs eagerly on the same padded buffers. PLE rows are read from each prestage's fixed device buffer:
+An entry owns fixed input buffers for `bucket` sequences (x, residual, slots, cu_seqlens, and the LoRA slot index
+when the session has adapter slots): a step of N <= bucket sequences is copied in, rows N.. are zeroed and their
+slots (and LoRA slots) set to -1 (the ops skip them: padding never writes a pool row). The adapter slot weights
+are read in place, so adapters uploaded between replays are what the next replay uses. The stack is cut into
+segments of consecutive layers: a segment whose layers have no capture veto is captured once (after a warm-up, with
+every slot -1, so neither warm-up nor capture writes state) and replayed; a vetoed segment runs eagerly on the same
+padded buffers. PLE rows are read from each prestage's fixed device buffer:
 hoisted (staged for every PLE layer before the first replay) or staged when the vetoed PLE layer is reached.
 
 Acceptance gate: the first step of an entry is run both ways on the same inputs, the replay first, then the pool
@@ -47,6 +49,7 @@ class _Entry:
     residual: Tensor | None  # [B, C] (plain)
     slots: Tensor  # [B] int32, -1 past the step's sequences
     pack: Packing
+    lora_idx: Tensor | None = None  # [B] int32 LoRA slot per token (one token per sequence), -1 past the step's
     segments: list[_Segment] = field(default_factory=list)
     gated: bool = False
 
@@ -90,8 +93,9 @@ class GraphCache:
         residual = None if cfg.is_hc else torch.zeros((B, cfg.hidden_size), dtype=x.dtype, device=dev)
         slots = torch.full((B,), -1, dtype=torch.int32, device=dev)
         cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
-        entry = _Entry(g.mode, B, x, residual, slots, Packing(cu, slots))
-        inp = Packed(x, residual, entry.pack)
+        lora_idx = None if self.stack.lora is None else torch.full((B,), -1, dtype=torch.int32, device=dev)
+        entry = _Entry(g.mode, B, x, residual, slots, Packing(cu, slots), lora_idx)
+        inp = Packed(x, residual, entry.pack, lora_idx)
         mempool = torch.cuda.graph_pool_handle()
         k = 0
         while k < len(g.engines):
@@ -105,7 +109,7 @@ class GraphCache:
                 inp = seg.out
             else:
                 inp = Packed(torch.zeros_like(x), None if residual is None else torch.zeros_like(residual),
-                             entry.pack)
+                             entry.pack, lora_idx)
             entry.segments.append(seg)
             k = end
         return entry
@@ -133,6 +137,9 @@ class GraphCache:
             entry.residual.zero_()  # the runtime's residual is zero before the first layer
         entry.slots[:n].copy_(packed.pack.slots)
         entry.slots[n:].fill_(-1)
+        if entry.lora_idx is not None:
+            entry.lora_idx[:n].copy_(packed.lora_idx)
+            entry.lora_idx[n:].fill_(-1)
 
     def _replay(self, entry: _Entry, ctx: StepContext) -> Tensor:
         out = None
@@ -151,7 +158,8 @@ class GraphCache:
 
     def _eager(self, entry: _Entry, ctx: StepContext) -> Tensor:
         engines = tuple(e for seg in entry.segments for e in seg.engines)
-        return Stack.hidden(self.stack.run(entry.mode, engines, Packed(entry.x, entry.residual, entry.pack), ctx))
+        return Stack.hidden(self.stack.run(entry.mode, engines, Packed(entry.x, entry.residual, entry.pack,
+                                                                        entry.lora_idx), ctx))
 
     def _gate(self, key: tuple, entry: _Entry, ctx: StepContext, slots: Tensor) -> Tensor:
         """First use: replay, put the written rows back, run eagerly on the same inputs, compare bit for bit."""

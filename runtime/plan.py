@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..model.config import GdnConfig, preset
+from ..model.lora import LoraLimits
 
 GiB = 1 << 30
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -30,6 +31,7 @@ class RuntimeLimits:
         max_draft: draft tokens per sequence in one verify step.
         graph_buckets: decode batch sizes captured as CUDA graphs; () = powers of two up to max_seqs, and max_seqs.
         ple_cache_rows: rows of the PLE host cache (hot n-gram rows kept in RAM), per PLE layer.
+        lora: per-sequence LoRA adapter slots (None = no per-sequence adapters).
     """
 
     max_seqs: int = 64
@@ -37,6 +39,7 @@ class RuntimeLimits:
     max_draft: int = 4
     graph_buckets: tuple[int, ...] = ()
     ple_cache_rows: int = 4096
+    lora: LoraLimits | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_prefill_tokens", "max_draft", "ple_cache_rows"):
@@ -159,6 +162,13 @@ def weight_bytes(cfg: GdnConfig, act_dtype: str) -> int:
     return total
 
 
+def lora_slot_bytes(cfg: GdnConfig, lora: LoraLimits, act_dtype: str) -> int:
+    """Device bytes of the adapter slots: per layer and target, L x R x (in + out) values. (The registered
+    adapters live on the host, one padded copy each, sized by the adapters, not by the limits.)"""
+    per = lora.max_adapters * lora.max_rank * _ITEMSIZE[act_dtype]
+    return sum(per * (s.in_dim + s.out_dim) for i in cfg.gdn_layer_ids for s in lora.layer_sites(cfg, i))
+
+
 def plan(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool) -> Budget:
     """The memory plan of a session over `cfg`'s GDN layers at `limits`, activations in `act_dtype`."""
     a, per_slot, per_tok = _ITEMSIZE[act_dtype], slot_bytes(cfg, act_dtype), token_activation_bytes(cfg, act_dtype)
@@ -177,6 +187,10 @@ def plan(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool) ->
         io = toks * (cfg.stream_dim * 3 + cfg.hidden_size) * a + toks * 8
         b.rows.append(BudgetRow(f"decode graphs (buckets {list(limits.buckets())})", io + toks * per_tok, 0,
                                 ("graph_buckets",) if limits.graph_buckets else ("max_seqs",)))
+    if limits.lora is not None:
+        b.rows.append(BudgetRow(f"LoRA slots ({limits.lora.max_adapters} adapters x rank {limits.lora.max_rank})",
+                                lora_slot_bytes(cfg, limits.lora, act_dtype), 0,
+                                ("lora.max_adapters", "lora.max_rank")))
     ple = [i for i in cfg.gdn_layer_ids if cfg.has_ple(i)]
     if ple:
         row = cfg.ple_embed_dim * a

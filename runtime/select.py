@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..model.modes import LayerMode
+from .adapters import AdapterCounters
 from .backends import Engine
 from .ple.prestage import PrestageCounters
 
@@ -239,6 +240,7 @@ class SessionStats:
     rejected_snapshots: int = 0
     graphs: GraphStats = field(default_factory=GraphStats)
     ple: dict[int, PrestageCounters] = field(default_factory=dict)
+    adapters: AdapterCounters | None = None  # LoRA slot traffic (sessions with adapter slots)
 
     def table(self) -> str:
         """A human-readable summary (one line per step kind, then speculation, snapshots, graphs, PLE)."""
@@ -255,6 +257,10 @@ class SessionStats:
         g = self.graphs
         lines.append(f"cuda graphs: {len(g.captured)} captured {g.captured}, {g.replays} replays, "
                      f"{len(g.gate_failures)} failed the gate {g.gate_failures}")
+        if self.adapters is not None:
+            a = self.adapters
+            lines.append(f"LoRA slots: {a.hits} hits / {a.misses} uploads, {a.evictions} evictions, "
+                         f"{a.bytes_uploaded} B uploaded")
         for i, c in self.ple.items():
             lines.append(f"PLE layer {i}: {c.tokens} tokens staged, {c.hits} hits / {c.misses} misses, "
                          f"{c.bytes_read} B read, {c.evictions} evictions, {c.resident} rows resident, "

@@ -8,6 +8,11 @@
     sess.accept({seq: j})                                     # state after draft token j-1, folded on the device
     blob = sess.snapshot(seq); seq2 = sess.restore(blob); sess.release(seq)
 
+Per-sequence LoRA adapters (`RuntimeLimits.lora` sets the device adapter slots):
+    sess.register_adapter("math", "adapters/math")            # a PEFT directory or a loaded `Adapter`, kept on the host
+    seq = sess.add_sequence(adapter="math")                   # every step of seq applies it (uploaded on first use)
+A merged adapter instead: `Session.open(merge_checkpoint(load_checkpoint(dir), load_adapter(lora, cfg)))`.
+
 Every call validates all of its input before touching any state: a bad call raises and changes nothing.
 
 What `Session.open` accepts as a model: an HF checkpoint directory, a loaded `Checkpoint`, a preset name or a
@@ -31,9 +36,12 @@ from torch import Tensor
 from ..model.checkpoint import PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer
 from ..model.config import PRESETS, GdnConfig
 from ..model.layer import GdnLayer
+from ..model.lora import Adapter
 from ..model.ngram import NgramTable
+from ..model.peft import load_adapter
 from ..model.state import BufferSpec
-from .backends import Engine, build_engines
+from .adapters import AdapterError, AdapterSlots
+from .backends import Engine, PlanMatch, build_engines
 from .graphs import GraphCache
 from .plan import RuntimeLimits, available_memory, plan
 from .select import GraphPolicy, SessionStats, Selector
@@ -152,6 +160,7 @@ class _Seq:
     slot: int
     position: int = 0
     pending: _Pending | None = None
+    adapter: str | None = None  # the registered LoRA adapter its steps apply
 
 
 @dataclass
@@ -185,7 +194,8 @@ class Session:
         budget = plan(cfg, options.limits, str(dtype).replace("torch.", ""), options.graphs and dev.type == "cuda")
         budget.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
         layers = [GdnLayer(cfg, lw, dtype).to(dev) for lw in ckpt.layers]
-        engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs)
+        match = PlanMatch(options.limits.lora, ckpt.merged_adapter)
+        engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs, match)
         feeds = PleFeeds(cfg, ckpt.ple_tables, options.limits, dev) if cfg.ple_layer_ids else None
         sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype), options)
         sess._tmp = tmp
@@ -201,6 +211,9 @@ class Session:
             for i, c in self.feeds.carries().items():
                 self.pool.attach_id_carries(i, c)
         self.stack = Stack(self.cfg, self.pool, StepBuffers.allocate(self.cfg, self.limits, spec))
+        lora = self.limits.lora
+        self.adapters = AdapterSlots(self.cfg, lora, spec) if lora is not None else None
+        self.stack.lora = self.adapters
         graphs = options.graphs and self.device.type == "cuda"
         policy = GraphPolicy(graphs, self.limits.buckets(), options.ple_hoisted)
         ple = self.feeds.layers if self.feeds else frozenset()
@@ -217,12 +230,39 @@ class Session:
                  "on" if graphs else "off", ("hoisted" if options.ple_hoisted else "vetoes decode capture")
                  if ple else "none")
 
+    # ---- adapters ----
+    def register_adapter(self, name: str, adapter: Adapter | str | Path) -> None:
+        """Keep a LoRA adapter (a PEFT directory or a loaded `Adapter`) on the host under `name`, ready to bind.
+        Raises `AdapterError` (nothing registered) when it does not fit this model or the adapter slots."""
+        slots = self._slots()
+        if not isinstance(adapter, Adapter):
+            adapter = load_adapter(adapter, self.cfg, name)
+        slots.register(name, adapter)
+
+    def unregister_adapter(self, name: str) -> None:
+        """Forget an adapter; refused while a live sequence is bound to it."""
+        self._slots().unregister(name, {s.adapter for s in self._seqs.values() if s.adapter})
+
+    def adapter_of(self, seq: int) -> str | None:
+        return self._live(seq).adapter
+
+    def _slots(self) -> AdapterSlots:
+        if self.adapters is None:
+            raise AdapterError("this session has no adapter slots: open it with RuntimeLimits(lora=LoraLimits(...))")
+        return self.adapters
+
+    def _check_adapter(self, adapter: str | None) -> None:
+        if adapter is not None:
+            self._slots().check_step({adapter})
+
     # ---- sequences ----
-    def add_sequence(self) -> int:
-        """A new sequence at position 0, with a zeroed slot in every layer (and fresh PLE id carries)."""
+    def add_sequence(self, adapter: str | None = None) -> int:
+        """A new sequence at position 0, with a zeroed slot in every layer (and fresh PLE id carries); `adapter`:
+        a registered LoRA adapter every step of the sequence applies (None = the base weights)."""
+        self._check_adapter(adapter)
         slot = self.pool.allocate()
         seq = next(self._ids)
-        self._seqs[seq] = _Seq(slot)
+        self._seqs[seq] = _Seq(slot, adapter=adapter)
         return seq
 
     def release(self, seq: int) -> None:
@@ -298,15 +338,17 @@ class Session:
         self._stats.snapshots += 1
         return blob
 
-    def restore(self, blob: bytes) -> int:
+    def restore(self, blob: bytes, adapter: str | None = None) -> int:
         """A new sequence holding a snapshot's state and position; a corrupt or foreign blob raises
-        `SnapshotError` and changes nothing."""
+        `SnapshotError` and changes nothing. Snapshots hold recurrent state only, not adapter bindings: `adapter`
+        binds one to the new sequence (the state was computed under whatever adapter the original had)."""
+        self._check_adapter(adapter)
         try:
             state: SlotState = self.pool.decode(blob)
         except SnapshotError:
             self._stats.rejected_snapshots += 1
             raise
-        seq = self.add_sequence()
+        seq = self.add_sequence(adapter)
         s = self._seqs[seq]
         self.pool.write_slot(s.slot, state)
         self.pool.mark_written([s.slot], Fence(self.device).record(self._stream()))
@@ -318,6 +360,8 @@ class Session:
     def stats(self) -> SessionStats:
         if self.feeds is not None:
             self._stats.ple = self.feeds.counters()
+        if self.adapters is not None:
+            self._stats.adapters = self.adapters.counters
         return self._stats
 
     # ---- internals ----

@@ -27,6 +27,7 @@ from ..model.config import GdnConfig
 from ..model.modes import LayerMode
 from ..model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
 from ..plugins.packing import Packing
+from .adapters import AdapterSlots
 from .backends import Engine, LayerCall
 from .plan import RuntimeLimits
 from .ple.prestage import Prestage, PrestageCounters
@@ -71,11 +72,13 @@ class StepBuffers:
 
 @dataclass
 class Packed:
-    """A group's packed activations: x `[T, stream_dim]`, residual `[T, C]` (plain) or None (hc), the packing."""
+    """A group's packed activations: x `[T, stream_dim]`, residual `[T, C]` (plain) or None (hc), the packing, and
+    the LoRA slot of every token `lora_idx [T] int32` (-1 = none) when the session has adapter slots."""
 
     x: Tensor
     residual: Tensor | None
     pack: Packing
+    lora_idx: Tensor | None = None
 
 
 class Stack:
@@ -84,10 +87,16 @@ class Stack:
     def __init__(self, cfg: GdnConfig, pool: StatePool, buffers: StepBuffers):
         self.cfg, self.pool, self.buffers = cfg, pool, buffers
         self.layer_ids = cfg.gdn_layer_ids
+        self.lora: AdapterSlots | None = None  # set by the session when it has adapter slots
 
-    def packed(self, x: Tensor, lengths: list[int], slots: list[int]) -> Packed:
+    def packed(self, x: Tensor, lengths: list[int], slots: list[int], adapters: list[int] | None = None) -> Packed:
+        """`adapters`: the LoRA slot of each sequence (-1 = none), repeated over its tokens; None without slots."""
         residual = None if self.cfg.is_hc else torch.zeros_like(x)
-        return Packed(x, residual, upload_packing(lengths, slots, x.device))
+        idx = None
+        if self.lora is not None:
+            host = torch.tensor([a for a, n in zip(adapters, lengths) for _ in range(n)], dtype=torch.int32)
+            idx = _upload(host, x.device)
+        return Packed(x, residual, upload_packing(lengths, slots, x.device), idx)
 
     def extra(self, mode: LayerMode, layer_idx: int, tokens: int, capture_at: Tensor | None
               ) -> StateStash | StateCapture | None:
@@ -104,10 +113,11 @@ class Stack:
             i = eng.layer_idx
             rows = ctx.rows(i) if self.cfg.has_ple(i) else None
             extra = self.extra(mode, i, x.shape[0], ctx.capture_at)
-            out = eng.run(LayerCall(mode, StepInput(x, inp.pack, residual, rows), self.pool.layers[i], extra),
+            lora = None if inp.lora_idx is None else self.lora.layer_input(i, inp.lora_idx)
+            out = eng.run(LayerCall(mode, StepInput(x, inp.pack, residual, rows, lora), self.pool.layers[i], extra),
                           ctx.stream)
             x, residual = out.x, out.residual
-        return Packed(x, residual, inp.pack)
+        return Packed(x, residual, inp.pack, inp.lora_idx)
 
     @staticmethod
     def hidden(p: Packed) -> Tensor:

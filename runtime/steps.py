@@ -47,8 +47,11 @@ def run_step(sess: "Session", decode: dict, verify: dict, prefill: dict, token_i
     groups = sess.selector.select(work) if work else []
     by_seq = {it.seq: it for it in items}
     result = StepResult({}, {})
+    slot_of = {}
+    if sess.adapters is not None and items:  # after every check: uploads are the step's first writes
+        slot_of = sess.adapters.assign({it.s.adapter for it in items if it.s.adapter}, sess._stream())
     for g in groups:
-        _run_group(sess, g, [by_seq[w.seq] for w in g.work], result)
+        _run_group(sess, g, [by_seq[w.seq] for w in g.work], result, slot_of)
     return result
 
 
@@ -84,6 +87,8 @@ def _validate(sess: "Session", decode: dict, verify: dict, prefill: dict, token_
     if n_prefill > lim.max_prefill_tokens:
         raise ValueError(f"prefill step of {n_prefill} tokens exceeds max_prefill_tokens={lim.max_prefill_tokens}: "
                          "prefill in chunks (each continues from the state) or raise the limit")
+    if sess.adapters is not None:
+        sess.adapters.check_step({it.s.adapter for it in items if it.s.adapter})
     return items
 
 
@@ -127,7 +132,8 @@ def _capture(at: object, L: int, seq: int) -> int:
     return int(at)
 
 
-def _run_group(sess: "Session", g: Group, items: list[_Item], result: "StepResult") -> None:
+def _run_group(sess: "Session", g: Group, items: list[_Item], result: "StepResult", slot_of: dict[str, int]
+               ) -> None:
     dev, stream = sess.device, sess._stream()
     lengths, slots = [it.hidden.shape[0] for it in items], [it.s.slot for it in items]
     x = torch.cat([it.hidden for it in items])
@@ -141,7 +147,8 @@ def _run_group(sess: "Session", g: Group, items: list[_Item], result: "StepResul
             cap_carries = {it.seq: sess.feeds.carries_after(it.s.slot, it.ids[:it.capture_at])
                            for it in items if it.capture_at >= 0}
     ctx = StepContext(rows.rows, capture_at, stream)
-    packed = sess.stack.packed(x, lengths, slots)
+    adapters = [slot_of[it.s.adapter] if it.s.adapter else -1 for it in items]
+    packed = sess.stack.packed(x, lengths, slots, adapters)
     if g.path == "eager":
         hidden = Stack.hidden(sess.stack.run(g.mode, g.engines, packed, ctx))
     else:

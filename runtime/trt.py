@@ -4,9 +4,10 @@ Imports tensorrt, so it is imported only where TensorRT exists (`backends.build_
 - the engine's I/O names and dtypes are checked against the `GraphSpec` of its manifest (missing and extra named);
 - one execution context per optimization profile (profile k = GraphSpec bucket k), so shapes inside a bucket never
   switch profiles and a CUDA-graph capture of a bucket keeps its context;
-- at run time every input is bound to the runtime's tensor (activations, packing, pools, stash or capture), the
-  activation outputs to fresh tensors, and every aliased output (`<buffer>_out`) to the address of the input it
-  updates, so the pools are written in place; then `execute_async_v3` on the step's stream.
+- at run time every input is bound to the runtime's tensor (activations, packing, pools, stash or capture, LoRA
+  slot index and adapter slots; `backends.bind_inputs`), the activation outputs to fresh tensors, and every
+  aliased output (`<buffer>_out`) to the address of the input it updates, so the pools are written in place;
+  then `execute_async_v3` on the step's stream.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import tensorrt as trt
 import torch
 from torch import Tensor
 
-from ..export.spec import GraphSpec, Role
+from ..export.spec import GraphSpec
 from ..model.config import GdnConfig
 from ..model.modes import LayerMode
 from ..model.state import StepOutput
-from .backends import Engine, LayerCall, PlanInfo, find_plans
+from .backends import Engine, LayerCall, PlanInfo, PlanMatch, bind_inputs, find_plans
 
 log = logging.getLogger("gdn_trt.runtime")
 _LOGGER = trt.Logger(trt.Logger.WARNING)
@@ -72,7 +73,7 @@ class TrtEngine(Engine):
         spec = self.specs[call.mode]
         T, N = call.step.x.shape[0], call.step.pack.num_seqs
         ctx = self.contexts[call.mode][spec.bucket_for(self._sizes(call.mode, N, T))]
-        inputs = _inputs(call, spec)
+        inputs = bind_inputs(call, spec)
         for t in spec.inputs:
             x = inputs[t.name]
             ctx.set_input_shape(t.name, tuple(x.shape))
@@ -93,30 +94,6 @@ class TrtEngine(Engine):
         return StepOutput(outs["x_out"], outs["residual_out"])
 
 
-def _inputs(call: LayerCall, spec: GraphSpec) -> dict[str, Tensor]:
-    """GraphSpec input name -> the runtime tensor bound to it."""
-    s = call.step
-    acts = {"x": s.x, "residual": s.residual, "streams": s.x, "ple_rows": s.ple_rows,
-            "cu_seqlens": s.pack.cu_seqlens, "slots": s.pack.slots,
-            "capture_at": getattr(call.extra, "at", None)}
-    out = {}
-    for t in spec.inputs:
-        if t.role in (Role.ACTIVATION, Role.INDEX):
-            x = acts[t.name]
-        else:  # <part>_pool from the layer state, <part>_stash / <part>_capture from the step's extra buffers
-            part, _, _ = t.name.rpartition("_")
-            x = getattr(call.state if t.role is Role.POOL else call.extra, part)
-        if x is None or x.dtype != t.torch_dtype:
-            raise ValueError(f"{spec.stem} input {t.name}: runtime tensor is "
-                             f"{None if x is None else x.dtype}, the plan takes {t.dtype}")
-        if t.role in (Role.ACTIVATION, Role.INDEX):
-            x = x.contiguous()
-        elif not x.is_contiguous():  # a copy would take the writes: buffers must be bound where they live
-            raise ValueError(f"{spec.stem} buffer {t.name} is not contiguous")
-        out[t.name] = x
-    return out
-
-
 def _check_bindings(engine, spec: GraphSpec, path) -> None:
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     ins = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -128,10 +105,10 @@ def _check_bindings(engine, spec: GraphSpec, path) -> None:
             raise ValueError(f"{path}: tensor {t.name} is {got} in the plan, {t.dtype} in its GraphSpec")
 
 
-def load_trt_engines(cfg: GdnConfig, engines_dir: str, device: torch.device, act_dtype: str, pool_rows: int
-                     ) -> list[TrtEngine]:
+def load_trt_engines(cfg: GdnConfig, engines_dir: str, device: torch.device, act_dtype: str, pool_rows: int,
+                     match: PlanMatch = PlanMatch()) -> list[TrtEngine]:
     """One `TrtEngine` per GDN layer of `cfg`, from the plans under `engines_dir` (all checked)."""
-    plans = find_plans(engines_dir, cfg, act_dtype)
+    plans = find_plans(engines_dir, cfg, act_dtype, match)
     engines = []
     for i in cfg.gdn_layer_ids:
         mine = {mode: p for (layer, mode), p in plans.items() if layer == i}

@@ -39,12 +39,12 @@ def tok(ids: np.ndarray | None, seq: int, a: int, b: int) -> dict | None:
     return None if ids is None else {seq: ids[a:b]}
 
 
-def reference(sess: Session, h: torch.Tensor, ids: np.ndarray | None) -> torch.Tensor:
+def reference(sess: Session, h: torch.Tensor, ids: np.ndarray | None, layers: list | None = None) -> torch.Tensor:
     """The plain sequential computation: each layer's `forward_sequence` from a fresh state, chained; PLE rows
-    hashed from a fresh EOS carry and read straight from the table file."""
+    hashed from a fresh EOS carry and read straight from the table file. `layers`: other weights of the same model
+    (e.g. with a LoRA adapter merged); default the session's."""
     x = h
-    for cands in sess.selector.engines:
-        layer = cands[0].layer
+    for layer in layers or [cands[0].layer for cands in sess.selector.engines]:
         rows = None
         if layer.ple is not None:
             p = sess.feeds.stages[layer.index]
