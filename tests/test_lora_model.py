@@ -8,7 +8,8 @@ reference, and a batch mixing adapters equal to each sequence alone in every mod
   PEFT's scaling options are exercised: rsLoRA (alpha / sqrt(r)), rank_pattern and alpha_pattern.
 - Mixed batches: sequences bound to adapter 1, no adapter and adapter 0 in one DECODE_MULTI_SEQ / VERIFY_MULTI /
   PREFILL_VARLEN step of the unmerged layer == each sequence alone in DECODE / DECODE_BATCHED / PREFILL on the layer
-  with its adapter merged (base layer for none): outputs, pools, stashes and captures. Pools start random.
+  with its adapter merged (base layer for none): outputs, pools, stashes and captures; and each sequence alone
+  through the slots in those single-sequence modes == merged. Pools start random.
 """
 
 from __future__ import annotations
@@ -172,6 +173,16 @@ def test_mixed_adapters_equal_each_sequence_alone(layers, mixed_mode, alone_mode
         part = (x[a:b], None if res is None else res[a:b], None if ple is None else ple[a:b])
         got = _run(layer, alone_mode, part, [n], ([row], [caps[k]], alone_pool, None))
         what = f"{mixed_mode.value} seq {k} (adapter {s})"
+        # the same sequence alone through the slots (unmerged) in the single-sequence mode
+        slot_pool = LayerState(*(t.clone() if t is not None else None for t in _like(pool, start)))
+        alone_lora = LoraInput(token_slots([n], [s]), slots)
+        unmerged = _run(base, alone_mode, part, [n], ([row], [caps[k]], slot_pool, alone_lora))
+        assert_close(f"{alone_mode.value} seq {k}: unmerged vs merged", got[0].x, unmerged[0].x, EXACT)
+        for part_m, part_u in zip(got[1:], unmerged[1:]):  # pools, stash or capture buffers
+            for name in ("conv", "ssm", "ple_conv"):
+                if getattr(part_m, name) is not None:
+                    assert_close(f"{alone_mode.value} seq {k}: unmerged vs merged {name}", getattr(part_m, name),
+                                 getattr(part_u, name), EXACT)
         assert_close(f"{what}: output", got[0].x, res_mixed[0].x[a:b], EXACT)
         if got[0].residual is not None:
             assert_close(f"{what}: residual", got[0].residual, res_mixed[0].residual[a:b], EXACT)
