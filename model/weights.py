@@ -7,7 +7,7 @@ with channels [Q | K | V], SwiGLU gate and up fused as [gate | up].
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -124,6 +124,14 @@ class LayerWeights:
         for part in (self.mlp, self.attn_hc, self.mlp_hc, self.ple):
             if part is not None:
                 part.check(cfg)
+
+    def astype(self, dtype: torch.dtype) -> "LayerWeights":
+        """A copy with every floating-point tensor in `dtype` (integer hash constants unchanged)."""
+        def part(p):
+            return None if p is None else cast(p, dtype) if isinstance(p, Tensor) else \
+                replace(p, **{f.name: cast(getattr(p, f.name), dtype) for f in fields(p)})
+
+        return replace(self, **{f.name: part(getattr(self, f.name)) for f in fields(self) if f.name != "index"})
 
     def named_tensors(self) -> dict[str, Tensor]:
         """Flat `part.name -> tensor` view (for comparisons and round-trip tests)."""

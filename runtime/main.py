@@ -5,8 +5,10 @@ On the built-in defaults, a synthetic Qwen3.5-like plain stack (`tiny-3.5`) and 
 1. export every layer mode of each layer variant to ONNX (`export.artifacts.export_checkpoint`);
 2. compare torch against ONNX Runtime on every exported graph through Polygraphy (`export.compare`);
 3. build TensorRT plans when tensorrt imports (else one line says so);
-4. run `runtime.scenario` on the best available backend and check every result against the float64 sequential
-   reference; print a summary table and write `artifacts/run-report.json`. Exit status 1 when anything failed.
+4. run `runtime.scenario` on the best available backend, with per-sequence LoRA adapters (three synthetic PEFT
+   adapters under `artifacts/adapters/`, rotated through two adapter slots), and check every result against the
+   float64 sequential reference; print a summary table and write `artifacts/run-report.json`. Exit status 1 when
+   anything failed.
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ import torch
 
 from ..model.checkpoint import load_checkpoint, make_synthetic_checkpoint
 from ..model.config import DEFAULT_HC_PRESET, DEFAULT_PRESET
+from ..model.lora import LoraLimits
+from ..model.peft import SyntheticAdapter, load_adapter, make_synthetic_adapter
 from .plan import RuntimeLimits
 from .scenario import run_scenario
 from .session import Session, SessionOptions
 
 log = logging.getLogger("gdn_trt.runtime")
-LIMITS = RuntimeLimits(max_seqs=8, max_prefill_tokens=256, max_draft=4, ple_cache_rows=256)
+LIMITS = RuntimeLimits(max_seqs=8, max_prefill_tokens=256, max_draft=4, ple_cache_rows=256,
+                       lora=LoraLimits(max_adapters=2, max_rank=8))
+ADAPTERS = (SyntheticAdapter(r=4, alpha=8.0), SyntheticAdapter(r=8, alpha=4.0, use_rslora=True),
+            SyntheticAdapter(r=2, alpha=2.0, targets=("out_proj",)))
 
 
 @dataclass
@@ -92,11 +99,13 @@ def build_engines(ckpt_dir: Path, out: Path) -> tuple[Stage, Path | None]:
         return Stage(name, "build TensorRT engines", True, 0.0, f"skipped: tensorrt is not installed ({e})"), None
     from ..export.artifacts import ExportPlan, Manifest, export_checkpoint
     from ..export.build import BuildOptions, build_graph
+    from ..export.spec import Limits
 
     engines = out / "engines"
 
     def build():
-        m = Manifest.load(export_checkpoint(load_checkpoint(ckpt_dir), out / "onnx-all", ExportPlan(layers="all")))
+        plan = ExportPlan(layers="all", limits=Limits(lora=LIMITS.lora))  # the session's adapter slots
+        m = Manifest.load(export_checkpoint(load_checkpoint(ckpt_dir), out / "onnx-all", plan))
         plans = [build_graph(m, rec, BuildOptions(engines)) for rec in m.graphs]
         return True, f"{len(plans)} plans -> {engines / name}", [str(p) for p in plans]
 
@@ -105,7 +114,7 @@ def build_engines(ckpt_dir: Path, out: Path) -> tuple[Stage, Path | None]:
 
 
 def serve(ckpt_dir: Path, engines: Path | None, device: str, seed: int) -> tuple[Stage, dict]:
-    """The scenario on the best available backend, every result checked."""
+    """The scenario on the best available backend, with per-sequence adapters, every result checked."""
     ck = load_checkpoint(ckpt_dir)
     report = {}
 
@@ -113,7 +122,10 @@ def serve(ckpt_dir: Path, engines: Path | None, device: str, seed: int) -> tuple
         backend = "auto" if engines is not None else "torch"
         sess = Session.open(ck, engines_dir=str(engines) if engines else None, backend=backend, device=device,
                             options=SessionOptions(limits=LIMITS))
-        sc, checks = run_scenario(sess, ck, seed)
+        root = ckpt_dir.parent.parent / "adapters" / ck.config.name
+        adapters = {f"lora{k}": load_adapter(make_synthetic_adapter(ck.config, root / f"lora{k}", spec, seed=seed + k),
+                                             ck.config, f"lora{k}") for k, spec in enumerate(ADAPTERS)}
+        sc, checks = run_scenario(sess, ck, seed, adapters)
         stats = sess.stats()
         report.update(backend=sorted({e.name for c in sess.selector.engines for e in c}), device=str(sess.device),
                       dtype=str(sess.dtype), checks=[{**asdict(c), "ok": c.ok} for c in checks],

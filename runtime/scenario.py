@@ -3,10 +3,12 @@
 Five sequences over one session: three prefilled together (one with a prefix capture point), decode steps while
 sequences join (prefilled in the same step as the others decode) and leave, a speculative verify with partial,
 full and zero acceptance (and a sequence bringing no drafts), a prefix restore with tail replay that then forks,
-and a snapshot restored mid-decode. Every output a sequence committed is compared at the end with a float64 CPU
-reference: each layer's `forward_sequence` from a fresh state, chained over the stack, on the sequence's committed
-tokens (accepted drafts included, rejected ones never), PLE rows hashed from a fresh EOS carry and read straight
-from the checkpoint's table file.
+and a snapshot restored mid-decode. With adapters (a session with LoRA slots), A and B run under two adapters, C
+and D under none, and E, joining after B left, under a third one: it is rotated into B's adapter slot; A's
+restored prefix is bound to A's adapter again. Every output a sequence committed is compared at the end with a
+float64 CPU reference: each layer's `forward_sequence` from a fresh state, chained over the stack (weights with the
+sequence's adapter merged), on the sequence's committed tokens (accepted drafts included, rejected ones never), PLE
+rows hashed from a fresh EOS carry and read straight from the checkpoint's table file.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import Tensor
 
 from ..model.checkpoint import Checkpoint, load_table
 from ..model.layer import GdnLayer
+from ..model.lora import Adapter, merge_layer
 from ..runtime.ple.hashing import NgramHasher
 from .session import Prompt, Session
 
@@ -49,6 +52,7 @@ class _Track:
     ids: list[np.ndarray] = field(default_factory=list)
     outs: list[Tensor] = field(default_factory=list)
     skip: int = 0
+    adapter: str | None = None
 
 
 class Scenario:
@@ -59,6 +63,12 @@ class Scenario:
         self.gen = torch.Generator().manual_seed(seed)
         self.tracks: dict[str, _Track] = {}
         self.checks: list[Check] = []
+        self.adapters: dict[str, Adapter] = {}
+
+    def register(self, adapters: dict[str, Adapter]) -> None:
+        for name, ad in adapters.items():
+            self.sess.register_adapter(name, ad)
+        self.adapters.update(adapters)
 
     # ---- inputs ----
     def _new(self, n: int) -> tuple[Tensor, np.ndarray | None]:
@@ -71,8 +81,8 @@ class Scenario:
             ids[n // 3] = cfg.eos_token_id  # an EOS inside prompts: the segment rule is exercised
         return h, ids
 
-    def add(self, name: str) -> _Track:
-        self.tracks[name] = t = _Track(self.sess.add_sequence())
+    def add(self, name: str, adapter: str | None = None) -> _Track:
+        self.tracks[name] = t = _Track(self.sess.add_sequence(adapter), adapter=adapter)
         return t
 
     def _commit(self, t: _Track, h: Tensor, ids: np.ndarray | None, out: Tensor) -> None:
@@ -118,7 +128,8 @@ class Scenario:
         src = self.tracks[source]
         h, ids = torch.cat(src.hidden), np.concatenate(src.ids)
         prompt = src.hidden[0].shape[0]
-        t = self.tracks[name] = _Track(self.sess.restore(blob), [h[:at]], [ids[:at]], [], skip=at)
+        t = self.tracks[name] = _Track(self.sess.restore(blob, src.adapter), [h[:at]], [ids[:at]], [], skip=at,
+                                       adapter=src.adapter)
         tail_ids = ids[at:prompt] if self.sess.feeds is not None else None
         out = self.sess.prefill(t.seq, h[at:prompt].to(self.sess.dtype), token_ids=tail_ids).hidden
         self._commit(t, h[at:prompt], tail_ids, out)
@@ -126,7 +137,7 @@ class Scenario:
     def snapshot_fork(self, source: str) -> float:
         """Snapshot `source`, restore it, decode the same next token on both: max |difference| (0 expected)."""
         src = self.tracks[source]
-        twin = self.sess.restore(self.sess.snapshot(src.seq))
+        twin = self.sess.restore(self.sess.snapshot(src.seq), src.adapter)
         h, ids = self._new(1)
         a = self.sess.decode({src.seq: h}, None if ids is None else {src.seq: ids})[src.seq]
         b = self.sess.decode({twin: h}, None if ids is None else {twin: ids})[twin]
@@ -140,17 +151,22 @@ class Scenario:
     # ---- the oracle ----
     def verify_all(self) -> list[Check]:
         """Compare every sequence's committed outputs with the float64 sequential reference."""
-        layers = [GdnLayer(self.ckpt.config, lw, torch.float64) for lw in self.ckpt.layers]
+        cfg = self.ckpt.config
+        layers = {None: [GdnLayer(cfg, lw, torch.float64) for lw in self.ckpt.layers]}
+        # merged in float64: the reference rounds nothing the runtime (which applies the adapter unmerged) does not
+        layers.update({n: [GdnLayer(cfg, merge_layer(cfg, lw.astype(torch.float64), ad), torch.float64)
+                           for lw in self.ckpt.layers] for n, ad in self.adapters.items()})
         tables = {i: load_table(t) for i, t in self.ckpt.ple_tables.items()}
         bound = BOUNDS[self.sess.dtype]
         for name, t in self.tracks.items():
             h = torch.cat(t.hidden).double()
             ids = np.concatenate(t.ids) if self.sess.feeds is not None else None
-            ref = _reference(layers, tables, h, ids)[t.skip:]
+            ref = _reference(layers[t.adapter], tables, h, ids)[t.skip:]
             got = torch.cat(t.outs).double()
             diff = got - ref
             rel = (diff.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
-            self.checks.append(Check(f"{name}: {got.shape[0]} tokens vs sequential reference", rel,
+            what = f" (adapter {t.adapter})" if t.adapter else ""
+            self.checks.append(Check(f"{name}{what}: {got.shape[0]} tokens vs sequential reference", rel,
                                      diff.abs().max().item(), bound))
         return self.checks
 
@@ -166,18 +182,24 @@ def _reference(layers: list[GdnLayer], tables: dict[int, Tensor], h: Tensor, ids
     return x
 
 
-def run_scenario(sess: Session, ckpt: Checkpoint, seed: int = 0) -> tuple[Scenario, list[Check]]:
-    """The scenario of the module docstring on `sess`; returns it with its checks (failures included)."""
+def run_scenario(sess: Session, ckpt: Checkpoint, seed: int = 0, adapters: dict[str, Adapter] | None = None
+                 ) -> tuple[Scenario, list[Check]]:
+    """The scenario of the module docstring on `sess`; returns it with its checks (failures included).
+    `adapters`: three LoRA adapters for a session with (at least two) adapter slots; None = base weights only."""
     sc = Scenario(sess, ckpt, seed)
-    for n in ("A", "B", "C"):
-        sc.add(n)
+    names = [None] * 3
+    if adapters:
+        sc.register(adapters)
+        names = list(adapters)[:3]
+    for n, ad in (("A", names[0]), ("B", names[1]), ("C", None)):
+        sc.add(n, ad)
     caps = sc.prefill({"A": (37, 16), "B": (20, None), "C": (69, None)})
     sc.step(["A", "B", "C"])
     sc.add("D")
     sc.step(["A", "B", "C"], prefill={"D": 12})  # D joins: prefilled in the same step as the others decode
     sc.step(["A", "B", "C", "D"])
-    sc.release("B")  # B leaves; E takes its slot
-    sc.add("E")
+    sc.release("B")  # B leaves; E takes its slot (and, with adapters, a third adapter takes B's adapter slot)
+    sc.add("E", names[2])
     sc.step(["A", "C", "D"], prefill={"E": 9})
     sc.speculate({"A": 4, "C": 3, "D": 0, "E": 2}, accept={"A": 2, "C": 0, "D": 0, "E": 2})
     sc.step(["A", "C", "D", "E"])

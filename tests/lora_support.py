@@ -3,7 +3,6 @@ adapters, the hand-built HF -> internal row permutation of every target, and per
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -18,14 +17,7 @@ from gdn_trt.model.weights import LayerWeights
 
 def to_f64(lw: LayerWeights) -> LayerWeights:
     """The layer's weights in float64 (merging then rounds nothing, so merged == unmerged to float64 rounding)."""
-    def part(p):
-        if p is None:
-            return None
-        if isinstance(p, torch.Tensor):
-            return p.double() if p.dtype.is_floating_point else p
-        return replace(p, **{f.name: part(getattr(p, f.name)) for f in fields(p)})
-
-    return replace(lw, **{f.name: part(getattr(lw, f.name)) for f in fields(lw) if f.name != "index"})
+    return lw.astype(torch.float64)
 
 
 def checkpoint_with_adapters(preset: str, root: Path, specs: list[SyntheticAdapter]) -> tuple[Checkpoint,
