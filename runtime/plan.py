@@ -246,6 +246,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ple-cache-rows", type=int, default=RuntimeLimits.ple_cache_rows)
     p.add_argument("--dtype", default=None, help="activation dtype (default: the config's)")
     p.add_argument("--no-graphs", action="store_true", help="plan without CUDA-graph buckets")
+    p.add_argument("--lora-slots", type=int, default=0, help="per-sequence LoRA adapter slots (0 = none)")
+    p.add_argument("--lora-rank", type=int, default=LoraLimits.max_rank, help="rank of every LoRA slot")
     p.add_argument("--device-memory", default=None,
                    help="budget to check against, e.g. 80GiB (exit 1 naming the limit to lower if it does not fit)")
     p.set_defaults(func=_run)
@@ -256,7 +258,8 @@ def _run(args: argparse.Namespace) -> int:
         cfg = preset(args.preset)
     else:
         cfg = GdnConfig.from_hf(os.path.join(args.checkpoint, "config.json"), name=os.path.basename(args.checkpoint))
-    limits = RuntimeLimits(args.max_seqs, args.max_prefill_tokens, args.max_draft, (), args.ple_cache_rows)
+    lora = LoraLimits(args.lora_slots, args.lora_rank) if args.lora_slots else None
+    limits = RuntimeLimits(args.max_seqs, args.max_prefill_tokens, args.max_draft, (), args.ple_cache_rows, lora)
     budget = plan(cfg, limits, args.dtype or cfg.dtype, graphs=not args.no_graphs)
     print(budget.table())
     if args.device_memory:

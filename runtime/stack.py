@@ -90,10 +90,12 @@ class Stack:
         self.lora: AdapterSlots | None = None  # set by the session when it has adapter slots
 
     def packed(self, x: Tensor, lengths: list[int], slots: list[int], adapters: list[int] | None = None) -> Packed:
-        """`adapters`: the LoRA slot of each sequence (-1 = none), repeated over its tokens; None without slots."""
+        """`adapters`: the LoRA slot of each sequence (-1 = none; None = none for all), repeated over its tokens;
+        used only when the session has adapter slots."""
         residual = None if self.cfg.is_hc else torch.zeros_like(x)
         idx = None
         if self.lora is not None:
+            adapters = [-1] * len(lengths) if adapters is None else adapters
             host = torch.tensor([a for a, n in zip(adapters, lengths) for _ in range(n)], dtype=torch.int32)
             idx = _upload(host, x.device)
         return Packed(x, residual, upload_packing(lengths, slots, x.device), idx)
