@@ -98,10 +98,10 @@ def _check_targets(cfg: GdnConfig, pc: PeftConfig, where: Path) -> None:
         return  # a regex (or "all-linear"): the tensors decide, each checked below
     mine = {t.value for t in family_targets(cfg)}
     gdn = {t.value for t in LoraTarget}
-    for name in pc.target_modules:
-        if name in mine or name in _FOREIGN_NAMES or name in {t.value for t in (LoraTarget.GATE_PROJ,
-                                                                                LoraTarget.UP_PROJ,
-                                                                                LoraTarget.DOWN_PROJ)}:
+    for full in pc.target_modules:
+        name = full.rsplit(".", 1)[-1]  # PEFT matches list entries as module-name suffixes: "mlp.down_proj" too
+        # MLP names are fine on any model: on MoE layers they name the experts' projections (run elsewhere)
+        if name in mine or name in _FOREIGN_NAMES or name in {t.value for t in MLP_TARGETS}:
             continue
         if name in gdn:
             raise AdapterError(f"{where}: target {name!r} is not a projection of {cfg.family.value} GDN layers "

@@ -89,6 +89,15 @@ def test_good_adapter_loads(good):
     assert len(ad.skipped) == 4 and ad.max_rank == 4 and len(ad.layers) == 3
 
 
+def test_target_modules_as_suffixes_and_foreign_names(good, tmp_path):
+    root = tmp_path / "suffixes"
+    shutil.copytree(good, root)
+    names = ["linear_attn.in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj", "mlp.gate_proj", "up_proj",
+             "down_proj", "q_proj", "o_proj", "lm_head"]
+    _edit_config(target_modules=names)(root)
+    assert load_adapter(root, preset("tiny-3.5")).digest() == load_adapter(good, preset("tiny-3.5")).digest()
+
+
 def test_dense_mlp_tensor_on_a_moe_layer_rejected(tmp_path):
     ad = make_synthetic_adapter("tiny-next-mlp", tmp_path / "a", SyntheticAdapter())
     cfg = preset("tiny-next")  # same shapes, but no dense MLP anywhere: mlp.gate_proj cannot be a MoE tensor
