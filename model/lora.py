@@ -144,7 +144,7 @@ class LoraWeights:
         return self.scale * (self.b.double() @ self.a.double())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity is `digest()`: tensors have no useful ==
 class Adapter:
     """One LoRA adapter mapped onto a model's GDN layers: `layers[layer_idx][target]`. `skipped` lists the adapter's
     tensors for modules that run outside gdn-trt (full-attention layers, MoE experts, the LM head)."""
@@ -192,6 +192,8 @@ class Adapter:
 def merge_layer(cfg: GdnConfig, lw: LayerWeights, adapter: Adapter) -> LayerWeights:
     """New weights of one layer with W' = W + scale * B A on every target of `adapter` (computed in float64, stored
     in W's dtype); `lw` is not modified."""
+    if adapter.config_hash != cfg.config_hash():
+        raise ValueError(f"adapter {adapter.name} was mapped onto config {adapter.config_hash}, not {cfg.name}")
     targets = adapter.layers.get(lw.index, {})
     if not targets:
         return lw
@@ -200,8 +202,8 @@ def merge_layer(cfg: GdnConfig, lw: LayerWeights, adapter: Adapter) -> LayerWeig
     for t, w in targets.items():
         s = where[t]
         base = _proj(lw, s.proj)
-        d = deltas.setdefault(s.proj, torch.zeros(base.shape, dtype=torch.float64))
-        d[s.lo:s.hi] += w.delta()
+        d = deltas.setdefault(s.proj, torch.zeros(base.shape, dtype=torch.float64, device=base.device))
+        d[s.lo:s.hi] += w.delta().to(base.device)
     new = {p: (_proj(lw, p).double() + d).to(_proj(lw, p).dtype) for p, d in deltas.items()}
     mixer = replace(lw.mixer, **{p.value: new[p] for p in (Proj.IN_PROJ, Proj.OUT_PROJ) if p in new})
     mlp = lw.mlp
