@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from gdn_trt.model.layer import GdnLayer
-from gdn_trt.model.lora import LoraInput, LoraLimits, LoraTarget, Proj, apply_sites, build_slots, merge_layer, one_hot
+from gdn_trt.model.lora import (LoraInput, LoraLimits, LoraTarget, Proj, SlotWeights, apply_sites, build_slots,
+                                merge_layer, one_hot)
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.peft import SyntheticAdapter, load_adapter, make_synthetic_adapter, merge_checkpoint
 from gdn_trt.model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput
@@ -40,8 +41,9 @@ LIMITS = LoraLimits(max_adapters=2, max_rank=6)
 
 
 def _proj(lw, p: Proj) -> torch.Tensor:
+    mlp = lw.mlp
     return {Proj.IN_PROJ: lw.mixer.in_proj, Proj.OUT_PROJ: lw.mixer.out_proj,
-            Proj.GATE_UP: None if lw.mlp is None else lw.mlp.gate_up, Proj.DOWN: None if lw.mlp is None else lw.mlp.down}[p]
+            Proj.GATE_UP: None if mlp is None else mlp.gate_up, Proj.DOWN: None if mlp is None else mlp.down}[p]
 
 
 @pytest.mark.parametrize("preset", ["tiny-next", "tiny-next-mlp", "tiny-3.5", "tiny-4exp"])
@@ -215,14 +217,14 @@ def test_lora_input_checked_before_anything_runs(layers):
     ple = torch.zeros(2, cfg.ple_heads, cfg.ple_head_dim, dtype=F64) if base.ple is not None else None
     step = lambda lora: StepInput(x, Packing.build([1, 1], [0, 1]), res, ple, lora)  # noqa: E731
     t0 = next(iter(slots))
+    idx = torch.tensor([0, 1], dtype=torch.int32)
+    fp32 = {t0: SlotWeights(slots[t0].a.float(), slots[t0].b)}
+    foreign = LoraTarget.IN_PROJ_QKVZ if cfg.family.value != "qwen3_next" else LoraTarget.IN_PROJ_QKV
     cases = [(LoraInput(torch.tensor([0, 2], dtype=torch.int32), slots), "lora_idx values must be -1"),
              (LoraInput(torch.tensor([0], dtype=torch.int32), slots), "1 entries for 2 tokens"),
              (LoraInput(torch.tensor([0, 1]), slots), "must be a 1-D int32"),
-             (LoraInput(torch.tensor([0, 1], dtype=torch.int32), {t0: type(slots[t0])(slots[t0].a.float(),
-                                                                                   slots[t0].b)}), "must be torch.float64"),
-             (LoraInput(torch.tensor([0, 1], dtype=torch.int32), {LoraTarget.IN_PROJ_QKVZ if cfg.family.value != "qwen3_next"
-                                                                 else LoraTarget.IN_PROJ_QKV: slots[t0]}),
-              "this layer's targets")]
+             (LoraInput(idx, fp32), "must be torch.float64"),
+             (LoraInput(idx, {foreign: slots[t0]}), "this layer's targets")]
     before = [t.clone() for t in pool.tensors()]
     for lora, msg in cases:
         with pytest.raises(ValueError, match=msg):
