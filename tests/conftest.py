@@ -18,3 +18,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def has_tensorrt() -> bool:
+    """Whether the full TensorRT Python package imports here (never on the CPU machines: see docs/tensorrt.md)."""
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return False
+    return True

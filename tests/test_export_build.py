@@ -11,16 +11,10 @@ from gdn_trt.export import cli
 from gdn_trt.export.build import PLUGIN_MODULES
 from gdn_trt.plugins.spec import NAMESPACE, OPS, PLUGIN_VERSION
 
-
-def _has_tensorrt() -> bool:
-    try:
-        importlib.import_module("tensorrt")
-        return True
-    except ImportError:
-        return False
+from .conftest import has_tensorrt
 
 
-@pytest.mark.skipif(_has_tensorrt(), reason="TensorRT is installed: builds are exercised instead")
+@pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed: builds are exercised instead")
 def test_build_without_tensorrt_says_how_to_install(tmp_path, capsys):
     rc = cli.main(["build", "--onnx", str(tmp_path), "--out", str(tmp_path / "engines")])
     err = capsys.readouterr().err
@@ -30,7 +24,7 @@ def test_build_without_tensorrt_says_how_to_install(tmp_path, capsys):
     assert not (tmp_path / "engines").exists(), "nothing may look built"
 
 
-@pytest.mark.skipif(not _has_tensorrt(), reason="needs TensorRT >= 10.8 (pip install 'gdn-trt[trt]'): "
+@pytest.mark.skipif(not has_tensorrt(), reason="needs TensorRT >= 10.8 (pip install 'gdn-trt[trt]'): "
                     "see docs/tensorrt.md")
 def test_plugin_modules_register_every_op():
     import tensorrt as trt

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
@@ -33,6 +32,7 @@ from gdn_trt.model.state import StepInput
 from gdn_trt.runtime.backends import LayerCall, PlanMatch, PlanMismatchError, bind_inputs, find_plans
 from gdn_trt.runtime.plan import RuntimeLimits
 
+from .conftest import has_tensorrt
 from .test_runtime_support import open_session
 
 MODES = (LayerMode.DECODE_MULTI_SEQ, LayerMode.VERIFY_MULTI, LayerMode.PREFILL_VARLEN)
@@ -136,22 +136,14 @@ def test_plans_for_other_lora_slots_or_weights_refused(tmp_path):
     assert find_plans(tmp_path / "b", cfg, "float32", PlanMatch(None, "0123abcd"))
 
 
-def _has_tensorrt() -> bool:
-    try:
-        importlib.import_module("tensorrt")
-        return True
-    except ImportError:
-        return False
-
-
-@pytest.mark.skipif(_has_tensorrt(), reason="TensorRT is installed: refits are exercised instead")
+@pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed: refits are exercised instead")
 def test_refit_without_tensorrt_says_how_to_install(tmp_path, capsys):
     rc = cli.main(["refit", "--engines", str(tmp_path / "engines"), "--onnx", str(tmp_path)])
     assert rc == 2 and "TensorRT >= 10.8" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_tensorrt(), reason="needs TensorRT >= 10.8 (pip install 'gdn-trt[trt]'): "
+@pytest.mark.skipif(not has_tensorrt(), reason="needs TensorRT >= 10.8 (pip install 'gdn-trt[trt]'): "
                     "see docs/tensorrt.md")
 def test_refit_merged_adapter_into_refittable_plans(files):
     """Base plans built refittable, refit with the merged export: TensorRT then agrees with the merged torch layer
