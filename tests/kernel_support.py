@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -16,3 +17,15 @@ def poisoned(module):
         yield
     finally:
         module._new = orig
+
+
+@dataclass(frozen=True)
+class Step:
+    """One packed step of a kernel test: token count and pool slot per sequence, optional capture points."""
+
+    lengths: tuple[int, ...]
+    slots: tuple[int, ...]
+    capture_at: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return "L" + "-".join(map(str, self.lengths))

@@ -17,7 +17,7 @@ from gdn_trt.plugins.causal_conv1d import naive
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.packing import Capture, Packing
 from gdn_trt.plugins.spec import Activation
-from .kernel_support import poisoned
+from .kernel_support import Step, poisoned
 from .tolerances import assert_close, tol
 
 POOL_ROWS = 8
@@ -36,16 +36,6 @@ class Conv:
 
 GDN_CONV = Conv(8192)  # Qwen3-Next: 2*16*128 + 32*128 channels
 PLE_CONV = Conv(4 * 2048, dilation=3)  # Qwen4-Exp PLE conv: n*C channels, dilation = ngram size
-
-
-@dataclass(frozen=True)
-class Step:
-    lengths: tuple[int, ...]
-    slots: tuple[int, ...]
-    capture_at: tuple[int, ...] = ()
-
-    def __str__(self) -> str:
-        return "L" + "-".join(map(str, self.lengths))
 
 
 def make_inputs(step: Step, conv: Conv, dtype: torch.dtype, device: str

@@ -19,7 +19,7 @@ from torch import Tensor
 from gdn_trt.plugins.gated_delta_rule import naive
 from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
 from gdn_trt.plugins.packing import Capture, Packing
-from .kernel_support import poisoned
+from .kernel_support import Step, poisoned
 from .tolerances import assert_close, tol
 
 POOL_ROWS = 8
@@ -44,16 +44,6 @@ class Heads:
 
 QWEN3_NEXT = Heads(16, 2, 128, 128)
 QWEN35_27B = Heads(16, 3, 128, 128)
-
-
-@dataclass(frozen=True)
-class Step:
-    lengths: tuple[int, ...]
-    slots: tuple[int, ...]
-    capture_at: tuple[int, ...] = ()
-
-    def __str__(self) -> str:
-        return "L" + "-".join(map(str, self.lengths))
 
 
 def make_inputs(step: Step, heads: Heads, dtype: torch.dtype, device: str, pool_rows: int = POOL_ROWS
