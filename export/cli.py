@@ -125,14 +125,23 @@ def run_export(args) -> int:
     return 0
 
 
-def run_build(args) -> int:
-    from .artifacts import Manifest
-    from .build import BuildOptions, TrtUnavailable, build_graph, import_tensorrt
+def _tensorrt_or_none(command: str):
+    """The tensorrt module, or None after saying on stderr how to install it (the caller exits 2)."""
+    from .build import TrtUnavailable, import_tensorrt
 
     try:
-        trt = import_tensorrt()
+        return import_tensorrt()
     except TrtUnavailable as e:
-        print(f"gdn-trt build: {e}", file=sys.stderr)
+        print(f"gdn-trt {command}: {e}", file=sys.stderr)
+        return None
+
+
+def run_build(args) -> int:
+    from .artifacts import Manifest
+    from .build import BuildOptions, build_graph
+
+    trt = _tensorrt_or_none("build")
+    if trt is None:
         return 2
     opts = BuildOptions(args.out, plugins=not args.no_plugins, refittable=args.refittable)
     print(f"TensorRT {trt.__version__}; plugins: {'gdn_trt (JIT QDP)' if opts.plugins else 'none (bodies inlined)'}")
@@ -146,13 +155,10 @@ def run_build(args) -> int:
 
 def run_refit(args) -> int:
     from .artifacts import Manifest
-    from .build import TrtUnavailable, import_tensorrt
     from .refit import refit_plans
 
-    try:
-        trt = import_tensorrt()
-    except TrtUnavailable as e:
-        print(f"gdn-trt refit: {e}", file=sys.stderr)
+    trt = _tensorrt_or_none("refit")
+    if trt is None:
         return 2
     print(f"TensorRT {trt.__version__}")
     for m in Manifest.find(args.onnx):
