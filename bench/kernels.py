@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -225,40 +226,39 @@ class Bench:
                   f"state {self.rows[-1]['rel_rms_state']:.3e}", flush=True)
 
     # ---- launch-parameter sweep (ours) ----
-    def sweep(self) -> None:
-        best = None
-        for bv in (16, 32, 64, 128):
-            for warps in (1, 2, 4, 8):
-                tu = replace(self.gdn, rec_bv=bv, rec_warps=warps)
-                r = self.recurrent(256, 1, False, tu, f"sweep rec bv{bv} w{warps}", fla=False)
+    def sweep(self, parts: set[str]) -> None:
+        """One parameter group at a time, each on top of the best so far; the winners become self.gdn."""
+        if "rec" in parts:
+            best = None
+            for bv, warps, stream in ((64, 2, False), (32, 1, True), (64, 2, True), (64, 4, True), (128, 4, True)):
+                tu = replace(self.gdn, rec_bv=bv, rec_warps=warps, rec_stream=stream)
+                r = self.recurrent(256, 1, False, tu, f"sweep rec bv{bv} w{warps}{' stream' if stream else ''}",
+                                   fla=False)
                 r["section"] = "sweep"
                 if best is None or r["time_us"] < best[0]:
                     best = (r["time_us"], tu)
-        self.gdn = best[1]
-        stages = []
-        for sbv, sw, st in ((16, 4, 1), (16, 4, 2), (32, 4, 1), (32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 8, 2),
-                            (64, 4, 2)):
-            stages.append((replace(self.gdn, state_bv=sbv, state_warps=sw, state_stages=st), f"state bv{sbv} w{sw} s{st}"))
-        for obv, ow in ((64, 4), (128, 4), (64, 8), (128, 8)):
-            stages.append((replace(self.gdn, out_bv=obv, out_warps=ow), f"out bv{obv} w{ow}"))
-        for pw in (4, 8):
-            stages.append((replace(self.gdn, prep_warps=pw), f"prep w{pw}"))
-        for tu, name in stages:  # one parameter group at a time, each on top of the best so far
-            merged = self._merge(tu, name)
-            r = self.chunked([16384], merged, "sweep " + name, fla=False)
-            r["section"] = "sweep"
-            if r["time_us"] < self._best_chunk.get("t", math.inf):
-                self._best_chunk = {"t": r["time_us"], "tuning": merged}
-        self.gdn = self._best_chunk["tuning"]
+            self.gdn = best[1]
+        if "chunk" in parts:
+            groups = [
+                [dict(solve_warps=w, solve_bk=bk, solve_share=sh) for w, bk, sh in
+                 ((1, 64, False), (1, 64, True), (2, 64, True), (1, 32, True))],
+                [dict(wu_warps=w) for w in (4, 8)],
+                [dict(state_bv=bv, state_warps=w, state_stages=st) for bv, w, st in
+                 ((32, 4, 3), (32, 4, 4), (32, 8, 3), (16, 4, 4))],
+                [dict(out_bv=bv, out_warps=w) for bv, w in ((64, 4), (128, 4), (128, 8))],
+            ]
+            best_t, best_tu = math.inf, self.gdn
+            for group in groups:
+                base = best_tu
+                for change in group:
+                    tu = replace(base, **change)
+                    name = "sweep " + " ".join(f"{k}={v}" for k, v in change.items())
+                    r = self.chunked([16384], tu, name, fla=False)
+                    r["section"] = "sweep"
+                    if r["time_us"] < best_t:
+                        best_t, best_tu = r["time_us"], tu
+            self.gdn = best_tu
         print("chosen tuning:", self.gdn, flush=True)
-
-    def _merge(self, tu, name: str):
-        base = self._best_chunk.get("tuning", self.gdn)
-        if name.startswith("state"):
-            return replace(base, state_bv=tu.state_bv, state_warps=tu.state_warps, state_stages=tu.state_stages)
-        if name.startswith("out"):
-            return replace(base, out_bv=tu.out_bv, out_warps=tu.out_warps)
-        return replace(base, prep_warps=tu.prep_warps)
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -295,6 +295,7 @@ SECTIONS = ("sweep", "decode", "verify", "prefill", "breakdown", "conv", "accura
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--sweep", default="rec,chunk", help="parameter groups to sweep: rec, chunk")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -303,30 +304,35 @@ def main() -> None:
     meta.update({f"copy_{k}": round(v, 3) for k, v in bw.items() if k != "best"})
     print("device", meta, flush=True)
     b = Bench(bw["best"])
-    if "sweep" in only:
-        b.sweep()
-    meta["gdn_tuning"] = str(b.gdn)
-    meta["conv_tuning"] = str(b.conv)
-    if "decode" in only:
-        for n in (1, 8, 64, 256):
-            b.recurrent(n, 1, False)
-    if "verify" in only:
-        b.recurrent(64, 4, False)
-        b.recurrent(64, 4, True)
-    if "prefill" in only:
-        for t in (4096, 16384, 65536):
-            b.chunked([t])
-        b.chunked([1024] * 16)
-    if "breakdown" in only:
-        b.breakdown([16384], fla="prefill" in only)
-    if "conv" in only:
-        b.conv_prefill([16384])
-        b.conv_prefill([1024] * 16)
-        b.conv_update(256)
-    if "accuracy" in only:
-        b.accuracy([1] * 8, chunk=False)
-        b.accuracy([4] * 64, chunk=False)
-        b.accuracy([4096], chunk=True)
+    # a run cut by `timeout` (SIGTERM) still writes what it measured, and says so in the meta
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    try:
+        if "sweep" in only:
+            b.sweep(set(args.sweep.split(",")))
+        meta["gdn_tuning"] = str(b.gdn)
+        meta["conv_tuning"] = str(b.conv)
+        if "decode" in only:
+            for n in (1, 8, 64, 256):
+                b.recurrent(n, 1, False)
+        if "verify" in only:
+            b.recurrent(64, 4, False)
+            b.recurrent(64, 4, True)
+        if "prefill" in only:
+            for t in (4096, 16384, 65536):
+                b.chunked([t])
+            b.chunked([1024] * 16)
+        if "accuracy" in only:
+            b.accuracy([1] * 8, chunk=False)
+            b.accuracy([4] * 64, chunk=False)
+            b.accuracy([4096], chunk=True)
+        if "breakdown" in only:
+            b.breakdown([16384], fla=True)
+        if "conv" in only:
+            b.conv_prefill([16384])
+            b.conv_prefill([1024] * 16)
+            b.conv_update(256)
+    except SystemExit:
+        meta["cut"] = "stopped by SIGTERM (time limit) before the remaining sections"
     paths = write_results("kernels", b.rows, meta, COLUMNS, plot, args.out)
     print("wrote", *paths, flush=True)
     print(paths[1].read_text())

@@ -58,6 +58,20 @@ else:
         check_chunked(Step((65, 9), (-1, 2), (-1, 9)), Heads(1, 3, 32, 16), F32, "cpu")
         check_chunked(Step((66,), (6,), (33,)), Heads(1, 1, 16, 16), F32, "cpu")
 
+    def test_gdn_chunked_shared_solve(monkeypatch):
+        # the solve pass with one program per key head serving its G value heads (Tuning.solve_share)
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, solve_share=True))
+        check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 3, 32, 16), F32, "cpu")
+        check_chunked(Step((65,), (0,), (64,)), Heads(2, 2, 16, 24), F32, "cpu")
+
+    def test_gdn_chunked_k_slices():
+        # K = 48: the solve pass accumulates k k^T over two 32-wide K slices, the second one half masked
+        check_chunked(Step((80, 5), (1, 0), (64, -1)), Heads(1, 2, 48, 24), F32, "cpu")
+
     def test_conv_update():
         check_conv(ConvStep((1, 1, 1), (3, -1, 0)), Conv(40), F32, "cpu", "update")
 

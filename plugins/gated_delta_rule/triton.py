@@ -21,7 +21,8 @@ from torch import Tensor
 
 from ..packing import Capture, Packing
 from .io import GdnInputs
-from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_prep_kernel, gdn_chunk_state_kernel
+from .triton_chunked import (BC, BT, gdn_chunk_out_kernel, gdn_chunk_solve_kernel, gdn_chunk_state_kernel,
+                             gdn_chunk_wu_kernel)
 from .triton_recurrent import gdn_recurrent_kernel
 
 
@@ -30,9 +31,13 @@ class Tuning:
     """Launch parameters. Defaults: the winners of the sweep in bench/kernels.py on the H200 (decode N=256 for the
     recurrent kernel, prefill T=16384 for the chunked passes; bench/results/2026-12-02-kernels.md)."""
 
-    rec_bv: int = 32  # V-tile of the recurrent kernel: NV = V / rec_bv programs per (sequence, head)
-    rec_warps: int = 1
-    prep_warps: int = 4  # 8 warps: +700 us at T=16384 (cross-warp reductions of the triangular solve)
+    rec_bv: int = 64  # V-tile of the recurrent kernel: NV = V / rec_bv programs per (sequence, head)
+    rec_warps: int = 2
+    rec_stream: bool = True  # evict-first state loads and streaming stores (swept in bench/kernels.py)
+    solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
+    solve_bk: int = 64  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
+    solve_share: bool = False  # one solve program per key head for its G value heads (k k^T computed once)
+    wu_warps: int = 8
     state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
     state_warps: int = 4
     state_stages: int = 3
@@ -101,6 +106,7 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         pack.cu_seqlens, pack.slots,
         *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
         H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, STASH=ssm_stash is not None,
+        STREAM=tuning.rec_stream,
         num_warps=tuning.rec_warps,
     )
     return o
@@ -129,19 +135,25 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
         return o
     qn, kn, w = _new((T, H, K), dt, dev), _new((T, H, K), dt, dev), _new((T, HV, K), dt, dev)
     u, v_new = _new((T, HV, V), dt, dev), _new((T, HV, V), dt, dev)
-    gam = _new((T, HV), torch.float32, dev)
+    gam, t_inv = _new((T, HV), torch.float32, dev), _new((T, HV, BT), dt, dev)
     h = _new((n_chunks, HV, K, V), dt, dev)
-    meta = dict(H=H, HV=HV, K=K, V=V, BK=BK, BN=BN, BT=BT, PREC=prec)
+    meta = dict(H=H, HV=HV, K=K, BN=BN, BT=BT, PREC=prec)
+    seq = (pack.cu_seqlens, pack.slots, capture.at, N)
     if T > 0:
-        gdn_chunk_prep_kernel[(n_chunks, HV)](
-            q, k, v, a, b, x.A_log, x.dt_bias, qn, kn, w, u, gam, pack.cu_seqlens, pack.slots, capture.at, N,
-            *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
-            BV=min(64, max(16, triton.next_power_of_2(V))), BC=BC, num_warps=tuning.prep_warps, **meta)
+        gdn_chunk_solve_kernel[(n_chunks, H if tuning.solve_share else HV)](
+            k, a, b, x.A_log, x.dt_bias, t_inv, gam, *seq, *k.stride()[:2], *a.stride(), *b.stride(),
+            BKS=min(tuning.solve_bk, BK), BC=BC, SHARE=tuning.solve_share, num_warps=tuning.solve_warps, **meta)
+        gdn_chunk_wu_kernel[(n_chunks, H)](
+            q, k, v, b, t_inv, gam, qn, kn, w, u, *seq, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
+            *b.stride(), K ** -0.5, V=V, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))),
+            num_warps=tuning.wu_warps, **meta)
+    meta.update(V=V, BK=BK)
     BVs = min(tuning.state_bv, max(16, triton.next_power_of_2(V)))
     gdn_chunk_state_kernel[(triton.cdiv(V, BVs), HV, N)](
-        kn, w, u, gam, h, v_new, ssm_pool, capture.buf, pack.cu_seqlens, pack.slots, capture.at, N, BV=BVs, num_warps=tuning.state_warps, num_stages=tuning.state_stages, **meta)
+        kn, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, BV=BVs, num_warps=tuning.state_warps,
+        num_stages=tuning.state_stages, **meta)
     if T > 0:
         BVo = min(tuning.out_bv, max(16, triton.next_power_of_2(V)))
-        gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, HV)](
-            qn, kn, gam, h, v_new, o, pack.cu_seqlens, pack.slots, capture.at, N, BV=BVo, num_warps=tuning.out_warps, **meta)
+        gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, H)](
+            qn, kn, gam, h, v_new, o, *seq, BV=BVo, num_warps=tuning.out_warps, **meta)
     return o
