@@ -35,12 +35,12 @@ class Tuning:
     rec_warps: int = 2
     rec_stream: bool = True  # evict-first state loads and streaming stores (swept in bench/kernels.py)
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
-    solve_bk: int = 64  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
-    solve_share: bool = False  # one solve program per key head for its G value heads (k k^T computed once)
+    solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
+    solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
     wu_warps: int = 8
     state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
     state_warps: int = 4
-    state_stages: int = 3
+    state_stages: int = 4
     out_bv: int = 128
     out_warps: int = 4
 
@@ -143,7 +143,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
         gdn_chunk_solve_kernel[(n_chunks, H if tuning.solve_share else HV)](
             k, a, b, x.A_log, x.dt_bias, t_inv, gam, *seq, *k.stride()[:2], *a.stride(), *b.stride(),
             BKS=min(tuning.solve_bk, BK), BC=BC, SHARE=tuning.solve_share, num_warps=tuning.solve_warps, **meta)
-        gdn_chunk_wu_kernel[(n_chunks, H)](
+        gdn_chunk_wu_kernel[(n_chunks, HV)](
             q, k, v, b, t_inv, gam, qn, kn, w, u, *seq, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
             *b.stride(), K ** -0.5, V=V, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))),
             num_warps=tuning.wu_warps, **meta)

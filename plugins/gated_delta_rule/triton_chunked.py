@@ -276,40 +276,46 @@ def gdn_chunk_wu_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
 ):
-    # one program per key head: q and k are normalised (and stored for the later passes) once for the G value heads
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    G: tl.constexpr = HV // H
+    # one program per value head: serving the G heads of a key head from one program measured 413 us against
+    # 247 us at T = 16384 on the H200 (fewer programs, each twice as long), so k is normalised G times here
+    i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
         return
     if tl.load(slots + i_n) < 0:
         return
     DT = w.dtype.element_ty
-    normalize_rows(q + start * s_qt + i_h * s_qh, qn + (start * H + i_h) * K, 0, n_t, n_t, scale, s_qt, H, K, BK, BT)
-    b_k = normalize_rows(k + start * s_kt + i_h * s_kh, kn + (start * H + i_h) * K, 0, n_t, n_t, 1.0, s_kt,
-                         H, K, BK, BT).to(tl.float32)
+    G: tl.constexpr = HV // H
+    i_h = i_hv // G
+    # the first value head of each group writes the normalised q and k of its key head
+    n_write = tl.where(i_hv % G == 0, n_t, 0)
+    if i_hv % G == 0:
+        normalize_rows(q + start * s_qt + i_h * s_qh, qn + (start * H + i_h) * K, 0, n_t, n_write, scale, s_qt,
+                       H, K, BK, BT)
+    b_k = normalize_rows(k + start * s_kt + i_h * s_kh, kn + (start * H + i_h) * K, 0, n_t, n_write, 1.0, s_kt,
+                         H, K, BK, BT)
     o_i = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     m_t = o_i < n_t
+    b_beta = tl.where(m_t, tl.sigmoid(tl.load(b + start * s_bt + i_hv * s_bh + o_i * s_bt, mask=m_t,
+                                              other=0.0).to(tl.float32)), 0.0)
+    b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
     m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
-    for g in tl.static_range(0, G):
-        i_hv = i_h * G + g
-        b_beta = tl.where(m_t, tl.sigmoid(tl.load(b + start * s_bt + i_hv * s_bh + o_i * s_bt, mask=m_t,
-                                                  other=0.0).to(tl.float32)), 0.0)
-        b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
-        b_A = tl.load(Ai + (start * HV + i_hv) * BT + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_A, other=0.0)
-        # w = T diag(beta e^gamma) k
-        b_x = (b_k * (b_beta * tl.exp(b_gam))[:, None]).to(DT)
-        tl.store(w + (start * HV + i_hv) * K + o_i[:, None] * (HV * K) + o_k[None, :],
-                 tl.dot(b_A, b_x, input_precision=PREC).to(DT), mask=m_t[:, None] & (o_k < K)[None, :])
-        # u = T diag(beta) v, by V-tiles
-        for i_v in tl.static_range(0, (V + BV - 1) // BV):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_u = m_t[:, None] & (o_v < V)[None, :]
-            b_v = tl.load(v + start * s_vt + i_hv * s_vh + o_i[:, None] * s_vt + o_v[None, :], mask=m_u,
-                          other=0.0).to(tl.float32)
-            tl.store(u + (start * HV + i_hv) * V + o_i[:, None] * (HV * V) + o_v[None, :],
-                     tl.dot(b_A, (b_v * b_beta[:, None]).to(DT), input_precision=PREC).to(DT), mask=m_u)
+    b_A = tl.load(Ai + (start * HV + i_hv) * BT + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_A, other=0.0)
+
+    # w = T diag(beta e^gamma) k
+    o_k = tl.arange(0, BK)
+    b_x = (b_k.to(tl.float32) * (b_beta * tl.exp(b_gam))[:, None]).to(DT)
+    tl.store(w + (start * HV + i_hv) * K + o_i[:, None] * (HV * K) + o_k[None, :],
+             tl.dot(b_A, b_x, input_precision=PREC).to(DT), mask=m_t[:, None] & (o_k < K)[None, :])
+    # u = T diag(beta) v, by V-tiles
+    v += start * s_vt + i_hv * s_vh
+    u += (start * HV + i_hv) * V
+    for i_v in tl.static_range(0, (V + BV - 1) // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_u = m_t[:, None] & (o_v < V)[None, :]
+        b_v = tl.load(v + o_i[:, None] * s_vt + o_v[None, :], mask=m_u, other=0.0).to(tl.float32)
+        tl.store(u + o_i[:, None] * (HV * V) + o_v[None, :],
+                 tl.dot(b_A, (b_v * b_beta[:, None]).to(DT), input_precision=PREC).to(DT), mask=m_u)
 
 
 @triton.jit
