@@ -115,7 +115,8 @@ class Bench:
         state_bytes = (N + (T if stash else N)) * STATE_BYTES
         case = f"{'verify' if k > 1 else 'decode'} {N}x{k}" + (" stash" if stash else "")
         bw = state_bytes / t.median_s
-        ours = self.add("recurrent", case, label or "ours", t, state_TBps=bw / 1e12, pct_copy_bw=100 * bw / self.copy_bw)
+        ours = self.add("recurrent", case, label or "ours", t, state_TBps=bw / 1e12,
+                        pct_copy_bw=100 * bw / self.copy_bw)
         if fla and not stash:
             tf = time_cuda(lambda i: fla_recurrent(x, N, pools[i % sets]), sets)
             bwf = state_bytes / tf.median_s
@@ -266,7 +267,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
     timed = [r for r in rows if r["section"] in ("recurrent", "chunked", "conv") and r["impl"] in ("ours", FLA)]
     cases = list(dict.fromkeys(r["case"] for r in timed))
-    get = lambda c, impl: next((r["time_us"] for r in timed if r["case"] == c and r["impl"] == impl), float("nan"))  # noqa: E731
+    def get(c: str, impl: str) -> float:
+        return next((r["time_us"] for r in timed if r["case"] == c and r["impl"] == impl), float("nan"))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5.5))
     xs = range(len(cases))
     ax1.bar([i - 0.2 for i in xs], [get(c, "ours") for c in cases], 0.4, label="ours (Triton)")
@@ -285,8 +287,8 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-COLUMNS = ["section", "case", "impl", "kernel", "time_us", "ours_over_fla", "state_TBps", "pct_copy_bw", "TBps", "tflops",
-           "mtok_s", "rel_rms_o", "rel_rms_state", "timing"]
+COLUMNS = ["section", "case", "impl", "kernel", "time_us", "ours_over_fla", "state_TBps", "pct_copy_bw", "TBps",
+           "tflops", "mtok_s", "rel_rms_o", "rel_rms_state", "timing"]
 
 
 SECTIONS = ("sweep", "decode", "verify", "prefill", "breakdown", "conv", "accuracy")

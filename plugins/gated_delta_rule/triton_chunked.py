@@ -1,16 +1,22 @@
 """Triton kernels of the chunked (WY) gated delta rule for PREFILL / PREFILL_VARLEN (reference/gdn.md §2.1).
 
-Three launches, FLA's decomposition with the small passes fused:
+Four launches, FLA's decomposition with the small passes fused (gates, cumsum and the q/k L2 norm need no launch
+of their own):
 
-1. `gdn_chunk_prep_kernel`, grid (chunks, HV), chunk-parallel: gates (g, beta from a, b, A_log, dt_bias), the
-   chunk-local cumsum gamma of g, the k L2 norm, A = beta k k^T * exp(gamma_r - gamma_s) (strictly lower), its
-   inverse T = (I + A)^-1 by forward substitution on 16x16 diagonal blocks and block merges, and the WY factors
-   w = T diag(beta e^gamma) k, u = T diag(beta) v. Writes w, u (activation dtype) and gamma (fp32).
-2. `gdn_chunk_state_kernel`, grid (V-tiles, HV, N), sequential over a sequence's chunks: the fp32 state tile
-   S [K, BV] from the pool, per chunk h_c = S (stored for pass 3), v_new = u - w S, S = e^gamma_C S +
+1. `gdn_chunk_solve_kernel`, grid (chunks, H) (or (chunks, HV), `Tuning.solve_share`), chunk-parallel, 1 warp:
+   the raw k k^T of the chunk as ten 16x16 blocks (K in slices) and the squared row norms; then per value head
+   the gates (g, beta from a, b, A_log, dt_bias), the chunk-local cumsum gamma of g, A = beta k k^T *
+   exp(gamma_r - gamma_s) / (|k_r| |k_s|) (strictly lower), and T = (I + A)^-1 by forward substitution on the
+   diagonal blocks and block merges. Writes T (activation dtype, [T, HV, 64]) and gamma (fp32). The substitution
+   is a chain of dependent reductions: on one warp they stay inside the warp (4 warps: 2053 us for the whole
+   prefill at T=16384 against 1353 us, H200), which is why it is not fused with the dot-heavy pass 2.
+2. `gdn_chunk_wu_kernel`, grid (chunks, HV), chunk-parallel: q, k normalised (stored once per key head for passes
+   3 and 4), w = T diag(beta e^gamma) k, u = T diag(beta) v.
+3. `gdn_chunk_state_kernel`, grid (V-tiles, HV, N), sequential over a sequence's chunks: the fp32 state tile
+   S [K, BV] from the pool, per chunk h_c = S (stored for pass 4), v_new = u - w S, S = e^gamma_C S +
    k^T (v_new * e^(gamma_C - gamma)); the capture snapshot and the final state go to the capture buffer / pool.
-3. `gdn_chunk_out_kernel`, grid (V-tiles, chunks, HV), chunk-parallel:
-   o = e^gamma (q h_c) + tril(q k^T * e^(gamma_r - gamma_s)) v_new, with q normalised and scaled.
+4. `gdn_chunk_out_kernel`, grid (V-tiles, chunks, H), chunk-parallel, one program for the G value heads of a key
+   head (q, k and q k^T once): o = e^gamma (q h_c) + tril(q k^T * e^(gamma_r - gamma_s)) v_new.
 
 Varlen chunks are 64-token pieces of each sequence counted from its start; a capture point 0 < c < len splits
 the sequence into two segments with their own chunks, so the state at the capture point is a chunk boundary.
