@@ -18,12 +18,7 @@ from gdn_trt.export.spec import Limits, Variant, graph_spec
 from gdn_trt.model.config import preset
 
 from .conftest import has_tensorrt
-from .test_export import GRAPHS, exported_models, record
-
-
-@pytest.fixture(scope="session")
-def exported(tmp_path_factory):
-    return exported_models(tmp_path_factory)
+from .test_export import GRAPHS, exported, record  # noqa: F401 (exported: the shared session fixture)
 
 
 @pytest.fixture(scope="session")

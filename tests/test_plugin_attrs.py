@@ -20,14 +20,9 @@ from gdn_trt.plugins import trt_common
 from gdn_trt.plugins.onnx_common import PLUGIN_STRING_ATTRS
 from gdn_trt.plugins.spec import NAMESPACE, OPS, OPS_BY_NAME, PLUGIN_VERSION
 
-from .test_export import exported_models
+from .test_export import exported  # noqa: F401 (the shared session fixture)
 
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
-
-
-@pytest.fixture(scope="session")
-def exported(tmp_path_factory):
-    return exported_models(tmp_path_factory)
 
 
 @pytest.mark.parametrize("variant", list(Variant), ids=lambda v: v.value)

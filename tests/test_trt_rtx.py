@@ -9,7 +9,7 @@ import pytest
 from gdn_trt.export import rtx
 from gdn_trt.export.spec import Variant
 
-from .test_export import exported_models
+from .test_export import exported  # noqa: F401 (the shared session fixture)
 
 try:
     rtx.import_rtx()
@@ -18,11 +18,6 @@ except ImportError as e:
     _MISSING = str(e)
 
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
-
-
-@pytest.fixture(scope="session")
-def exported(tmp_path_factory):
-    return exported_models(tmp_path_factory)
 
 
 @pytest.mark.parametrize("variant", list(Variant), ids=lambda v: v.value)
