@@ -89,7 +89,6 @@ class Bench:
         self.rows: list[dict] = []
         self.gdn = gdn_tri.TUNING
         self.conv = conv_tri.TUNING
-        self._best_chunk: dict = {}
 
     def add(self, section: str, case: str, impl: str, t, **metrics) -> dict:
         row = dict(section=section, case=case, impl=impl, time_us=t.median_us, p10_us=t.p10_s * 1e6,
