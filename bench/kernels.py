@@ -1,6 +1,6 @@
 """Kernel benchmark on the GPU: our Triton kernels vs FLA 0.6.0 (fla-core) on identical inputs.
 
-    python bench/kernels.py [--out DIR] [--no-sweep]
+    python bench/kernels.py [--out DIR] [--sweep rec,chunk] [--only sweep,decode,verify,prefill,...]
 
 Qwen3-Next GDN shapes (H=16, HV=32, K=V=128), bf16 activations, fp32 state. Both sides get the same raw inputs
 and do the same work: gates (g from a, A_log, dt_bias; sigmoid beta), the q/k L2 norm and the scale in the kernel
@@ -8,7 +8,8 @@ and do the same work: gates (g from a, A_log, dt_bias; sigmoid beta), the q/k L2
 Timing: CUDA-graph replay of many calls rotating over input sets bigger than the L2 (bench/common.py), median.
 Reported: time, ours/FLA time ratio, fp32 state traffic vs the copy bandwidth measured in the same run (decode,
 verify), nominal TFLOP/s and Mtok/s (prefill), bandwidth of the conv, and the accuracy of both against float64.
-The sweep picks our launch parameters first (on the largest case of each kernel) and the headline rows use them.
+The sweep picks our launch parameters first (on the largest case of each kernel) and the headline rows use them;
+without it (`--only` leaving out sweep) the rows use the committed defaults (`triton.Tuning`).
 """
 
 from __future__ import annotations

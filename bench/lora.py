@@ -9,15 +9,19 @@ Variants, each its own session:
                      is the price of having slots at all;
 - r=16 / r=64:       4 slots of rank R = r, sequences bound round-robin to 4 adapters of rank r (all resident after
                      the first step: no uploads in the timed loop).
-Decode: N in {1, 8, 64, 256} sequences per step, CUDA-graph replay (the slot weights are read in place by the
-graph); time per step = wall clock between two device synchronisations over `--steps` steps. Prefill: one sequence
-of 4096 tokens (PREFILL) and 16 x 512 (PREFILL_VARLEN), eager, median of `--reps` runs. Each row also carries the
-LoRA FLOPs of the step relative to the base projections' FLOPs (the masked formulation computes all L slots:
+Two times per row:
+- gpu_ms, the device time of the step, the LoRA cost proper: decode, back-to-back replays of the step's captured
+  graphs between two CUDA events; prefill, the summed durations of the kernels, copies and fills that
+  torch.profiler records for the call;
+- step_ms, the wall clock of a `Session` call: decode N in {1, 8, 64, 256} sequences per step, CUDA-graph replay
+  (the slot weights are read in place by the graph), between two device synchronisations over `--steps` steps;
+  prefill one sequence of 4096 tokens (PREFILL) and 16 x 512 (PREFILL_VARLEN), eager, median of `--reps` runs.
+  These are host-bound (Python per step and per sequence, eager launches of 4 layers): they show what a user of
+  the torch backend sees, and they moved by up to 2x between runs of the same variant.
+Overheads are taken on gpu_ms against the faster of the two base runs. Each row also carries the LoRA FLOPs of
+the step relative to the base projections' FLOPs (the masked formulation computes all L slots:
 2 * tokens * L * R * (in + out) per target), to read the measured overhead against.
 Writes `<out>/<date>-lora.{json,md,png}`.
-
-Status: run once on the H200 (2026-12-02, bench/results/2026-12-02-lora.md) before the warm-up and the second
-base run were added; that run's base rows are confounded (see VARIANTS) and this version has not run yet.
 """
 
 from __future__ import annotations
@@ -64,9 +68,10 @@ class Row:
     tokens: int  # tokens per step
     seqs: int
     rank: int  # slot rank (0 = no slots)
-    step_ms: float
-    tokens_per_s: float
-    overhead: float = float("nan")  # step time / base step time - 1
+    gpu_ms: float  # device time of the step (see the module docstring)
+    step_ms: float  # wall clock of the Session call
+    tokens_per_s: float  # on gpu_ms
+    overhead: float = float("nan")  # gpu_ms / base gpu_ms - 1
     lora_flops_ratio: float = 0.0  # LoRA GEMM FLOPs / base projection FLOPs of the same step
 
 
@@ -109,21 +114,54 @@ def decode_ms(sess: Session, seqs: list[int], n: int, steps: int) -> float:
     return (time.perf_counter() - t0) / steps * 1e3
 
 
-def prefill_ms(sess: Session, lengths: tuple[int, ...], names: list[str], reps: int) -> float:
+def replay_ms(sess: Session, n: int, reps: int = 20, windows: int = 5) -> float:
+    """Device time of the decode step of bucket n: its captured graphs replayed back to back (median window)."""
+    graphs = sess.graphs.replayable(n)
+    if graphs is None:
+        raise RuntimeError(f"decode bucket {n} has no captured graph: {sess.stats()}")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(windows):
+        start.record()
+        for _ in range(reps):
+            for gr in graphs:
+                gr.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return statistics.median(times)
+
+
+def device_ms(fn) -> float:
+    """Summed durations of the device activities (kernels, copies, fills) torch.profiler records for `fn()`."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA) / 1e3
+
+
+def prefill_ms(sess: Session, lengths: tuple[int, ...], names: list[str], reps: int) -> tuple[float, float]:
+    """(device ms of one prefill, median wall-clock ms of `reps` prefills)."""
     g = torch.Generator().manual_seed(len(lengths))
     h = [torch.randn(n, sess.cfg.stream_dim, generator=g).to(DEVICE, DTYPE) for n in lengths]
-    times = []
-    for r in range(reps + 1):  # the first run compiles the Triton kernels for these shapes
+
+    def once() -> float:
         seqs = [sess.add_sequence(names[k % len(names)] if names else None) for k in range(len(lengths))]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         sess.prefill_batch({q: Prompt(x) for q, x in zip(seqs, h)})
         torch.cuda.synchronize()
-        if r:
-            times.append((time.perf_counter() - t0) * 1e3)
+        dt = (time.perf_counter() - t0) * 1e3
         for q in seqs:
             sess.release(q)
-    return statistics.median(times)
+        return dt
+
+    once()  # compiles the Triton kernels for these shapes
+    times = [once() for _ in range(reps)]
+    return device_ms(once), statistics.median(times)
 
 
 def warm_gpu(seconds: float) -> None:
@@ -145,25 +183,26 @@ def run(steps: int, reps: int) -> list[Row]:
             seqs = [sess.add_sequence(names[k % len(names)] if names else None) for k in range(max(NS))]
             for n in NS:
                 ms = decode_ms(sess, seqs, n, steps)
-                rows.append(Row(variant, "decode", n, n, rank, ms, n / ms * 1e3,
+                gpu = replay_ms(sess, n)
+                rows.append(Row(variant, "decode", n, n, rank, gpu, ms, n / gpu * 1e3,
                                 lora_flops_ratio=flops_ratio(cfg, rank)))
-                print(f"{variant:<24} decode N={n:<4} {ms:8.3f} ms  {rows[-1].tokens_per_s:>10.0f} tok/s", flush=True)
+                print(f"{variant:<24} decode N={n:<4}  gpu {gpu:8.3f} ms  step {ms:8.3f} ms", flush=True)
             for q in seqs:
                 sess.release(q)
             for kind, lengths in PREFILLS:
-                ms = prefill_ms(sess, lengths, names, reps)
+                gpu, ms = prefill_ms(sess, lengths, names, reps)
                 T = sum(lengths)
-                rows.append(Row(variant, kind, T, len(lengths), rank, ms, T / ms * 1e3,
+                rows.append(Row(variant, kind, T, len(lengths), rank, gpu, ms, T / gpu * 1e3,
                                 lora_flops_ratio=flops_ratio(cfg, rank)))
-                print(f"{variant:<24} {kind:<22} {ms:8.3f} ms  {rows[-1].tokens_per_s:>10.0f} tok/s", flush=True)
+                print(f"{variant:<24} {kind:<22} gpu {gpu:8.3f} ms  step {ms:8.3f} ms", flush=True)
             del sess
             torch.cuda.empty_cache()
     base: dict[tuple[str, int], float] = {}
     for r in rows:
         if r.variant.startswith("base"):
-            base[(r.kind, r.tokens)] = min(r.step_ms, base.get((r.kind, r.tokens), float("inf")))
+            base[(r.kind, r.tokens)] = min(r.gpu_ms, base.get((r.kind, r.tokens), float("inf")))
     for r in rows:
-        r.overhead = r.step_ms / base[(r.kind, r.tokens)] - 1
+        r.overhead = r.gpu_ms / base[(r.kind, r.tokens)] - 1
     return rows
 
 
@@ -177,15 +216,15 @@ def plot(rows: list[dict], path: Path) -> None:
     a.set_xscale("log", base=2)
     a.set_yscale("log")
     a.set_xlabel("sequences per decode step (N)")
-    a.set_ylabel("tokens/s")
-    a.set_title("4-layer GDN stack, decode (CUDA graphs)")
+    a.set_ylabel("tokens/s (device time)")
+    a.set_title("4-layer GDN stack, decode (CUDA-graph replay)")
     kinds = [k for k, _ in PREFILLS]
     width = 0.8 / len(VARIANTS)
     for j, (v, *_) in enumerate(VARIANTS[1:]):
         vals = [next(r["overhead"] for r in rows if r["variant"] == v and r["kind"] == k) * 100 for k in kinds]
         b.bar([i + j * width for i in range(len(kinds))], vals, width, label=v)
     b.set_xticks([i + width for i in range(len(kinds))], kinds)
-    b.set_ylabel("prefill time over base (%)")
+    b.set_ylabel("prefill device time over base (%)")
     b.set_title("prefill overhead of LoRA slots")
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
@@ -203,7 +242,8 @@ def main() -> None:
     rows = [asdict(r) for r in run(args.steps, args.reps)]
     meta = {**device_info(), "config": config().name, "slots": SLOTS, "activations": "bfloat16", "state": "float32",
             "steps": args.steps, "reps": args.reps}
-    columns = ["variant", "kind", "tokens", "seqs", "rank", "step_ms", "tokens_per_s", "overhead", "lora_flops_ratio"]
+    columns = ["variant", "kind", "tokens", "seqs", "rank", "gpu_ms", "step_ms", "tokens_per_s", "overhead",
+               "lora_flops_ratio"]
     paths = write_results("lora", rows, meta, columns, plot, args.out)
     print("wrote " + ", ".join(map(str, paths)))
 

@@ -86,6 +86,15 @@ class GraphCache:
             return self._replay(entry, ectx)[:n].clone()
         return self._gate(key, entry, ectx, packed.pack.slots[:n])
 
+    def replayable(self, bucket: int) -> list[torch.cuda.CUDAGraph] | None:
+        """The graphs of the gated, fully captured decode entry of `bucket` (None if there is none), in order: for
+        benchmarks that time the device work of a step without the runtime's host work around it. Replaying them
+        runs that step again on the inputs and slots the last step left in the fixed buffers."""
+        for entry in self._entries.values():
+            if entry.bucket == bucket and entry.gated and all(s.captured for s in entry.segments):
+                return [s.graph for s in entry.segments]
+        return None
+
     # ---- building ----
     def _build(self, g: Group) -> _Entry:
         B, cfg, dev = g.bucket, self.stack.cfg, self.stack.pool.device
