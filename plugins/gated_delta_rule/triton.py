@@ -7,8 +7,9 @@ strided views (column slices of one projection): the kernels take their row and 
 dimension that is not contiguous is copied first (`_unit_stride`, never the case for projection slices).
 
 Activations in bf16/fp16 use tensor-core dots on operands of that dtype (FLA's precision choices,
-reference/gdn.md §5.4); fp32 activations run every dot in IEEE fp32, so fp32 results match the float64
-reference to ~1e-6.
+reference/gdn.md §5.4). The recurrent kernel has no dot (fp32 FMAs throughout). The chunked passes on fp32
+activations run their dots at `Tuning.fp32_dot` precision: "tf32x3" (three TF32 tensor-core products per dot,
+about fp32's accuracy) by default, "ieee" for plain fp32 FMA dots; see bench/fp32_dots.py for the two measured.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class Tuning:
     state_stages: int = 3
     out_bv: int = 128
     out_warps: int = 4
+    # dot precision of the chunked passes on fp32 activations. With "ieee" Triton lowers each dot to unrolled FMA
+    # loops: at K = V = 128 the GPU tests of fp32 prefill ran for minutes each (compile-bound; bench/fp32_dots.py)
+    fp32_dot: str = "tf32x3"
 
 
 TUNING = Tuning()
@@ -128,7 +132,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
     HV, V = v.shape[1:]
     N = pack.num_seqs
     dt, dev = q.dtype, q.device
-    prec = "ieee" if dt == torch.float32 else "tf32"
+    prec = tuning.fp32_dot if dt == torch.float32 else "tf32"  # "tf32" is ignored by bf16/fp16 dots
     n_chunks = triton.cdiv(T, BT) + 2 * N  # >= sum over sequences of chunks, the capture cut included
     BK, BN = max(16, triton.next_power_of_2(K)), max(2, triton.next_power_of_2(N))
     o = _new((T, HV, V), dt, dev)

@@ -1,0 +1,72 @@
+"""fp32 activations in the chunked prefill: compile time, run time and accuracy for each dot precision.
+
+    python bench/fp32_dots.py [--prec tf32x3,ieee] [--heads 16,3,128,128]
+
+One varlen step of the GPU tests (tests/test_triton_gdn.py::test_prefill_varlen: lengths 1..1000 with captures,
+an empty and a padding sequence) at the given heads (H, G, K, V); per precision: the first call (Triton compiles
+the four passes for it; a fresh process, so nothing is cached in memory, and TRITON_CACHE_DIR should be empty),
+the median of 5 later calls, and the relative RMS error of o, the pool and the captures against the float64
+reference (plugins/gated_delta_rule/naive.py). Prints one line per precision as it finishes, so a run cut by a
+time limit still reports the precisions done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the tests' input builders
+from gdn_trt.plugins.gated_delta_rule import naive
+from gdn_trt.plugins.gated_delta_rule import triton as tri
+from gdn_trt.plugins.packing import Capture, Packing
+from tests.kernel_support import Step  # noqa: E402
+from tests.test_triton_gdn import Heads, _f64, make_inputs  # noqa: E402
+
+STEP = Step((1, 63, 65, 0, 1000, 130, 64), (0, 3, 6, 5, 1, -1, 2), (1, 10, 64, 0, 640, 7, -1))
+
+
+def rel_rms(ref: torch.Tensor, got: torch.Tensor) -> float:
+    ref, got = ref.double(), got.double().cpu()
+    return ((got - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prec", default="tf32x3,ieee")
+    ap.add_argument("--heads", default="16,3,128,128")
+    ap.add_argument("--device", default="cuda", help="cpu only under TRITON_INTERPRET=1 (a logic check)")
+    args = ap.parse_args()
+    dev = args.device
+    heads = Heads(*map(int, args.heads.split(",")))
+    x, pack, pool = make_inputs(STEP, heads, torch.float32, dev)
+    N = len(STEP.lengths)
+    at = torch.tensor(STEP.capture_at, dtype=torch.int32)
+    cap_ref = torch.zeros((N, *x.state_shape), dtype=torch.float64)
+    pool_ref = pool.cpu().double()
+    o_ref = naive.chunked(_f64(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, Capture(at, cap_ref))
+    live = [n for n in range(N) if STEP.slots[n] >= 0]
+    rows = [STEP.slots[n] for n in live]
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    for prec in args.prec.split(","):
+        tuning = replace(tri.TUNING, fp32_dot=prec)
+        times = []
+        for i in range(6):
+            p, cap = pool.clone(), torch.zeros((N, *x.state_shape), device=dev)
+            sync()
+            t0 = time.perf_counter()
+            o = tri.launch_chunked(x, pack, p, Capture(at.to(dev), cap), tuning)
+            sync()
+            times.append(time.perf_counter() - t0)
+        print(f"{heads} fp32 dots={prec:7s} first call {times[0]:8.2f} s  "
+              f"later {statistics.median(times[1:]) * 1e3:8.3f} ms  rel RMS o {rel_rms(o_ref, o):.2e}  pool {rel_rms(pool_ref[rows], p[rows]):.2e}"
+              f"  capture {rel_rms(cap_ref[live], cap[live]):.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
