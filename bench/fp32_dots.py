@@ -8,6 +8,10 @@ the four passes for it; a fresh process, so nothing is cached in memory, and TRI
 the median of 5 later calls, and the relative RMS error of o, the pool and the captures against the float64
 reference (plugins/gated_delta_rule/naive.py). Prints one line per precision as it finishes, so a run cut by a
 time limit still reports the precisions done.
+
+Status (H200, 2026-12-02): run once at the default heads with time limits of 60 s (tf32x3) and 45 s (ieee); both
+were cut before printing their line. The varlen fp32 GPU tests are the slow ones of the suite with either
+precision; run this with a longer limit next to see whether Triton's compile or the run takes the time.
 """
 
 from __future__ import annotations
