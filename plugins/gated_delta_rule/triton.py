@@ -8,8 +8,9 @@ dimension that is not contiguous is copied first (`_unit_stride`, never the case
 
 Activations in bf16/fp16 use tensor-core dots on operands of that dtype (FLA's precision choices,
 reference/gdn.md §5.4). The recurrent kernel has no dot (fp32 FMAs throughout). The chunked passes on fp32
-activations run their dots at `Tuning.fp32_dot` precision: "ieee" (plain fp32, no tensor cores) by default,
-"tf32x3" (three TF32 tensor-core products per dot, about fp32's accuracy) selectable.
+activations run the dots of the w/u, state and output passes as 3xTF32 (`Tuning.fp32_dot`: three TF32
+tensor-core products per dot, about fp32's accuracy) and those of the solve in IEEE fp32 (`Tuning.fp32_solve_dot`),
+the cheaper to compile for each (see Tuning).
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ class Tuning:
     state_stages: int = 3
     out_bv: int = 128
     out_warps: int = 4
-    # dot precision of the chunked passes on fp32 activations. The fp32 prefill GPU tests at K = V = 128 are the
-    # slow ones of the suite (minutes each on the H200, 2026-12-02); "tf32x3" passed 17 of the 21 fp32 prefill
-    # tests but was not run on the other four, so the default stays the fully tested "ieee". Whether Triton's
-    # compile or the run takes the time is not measured yet: bench/fp32_dots.py separates the two (first run cut).
-    fp32_dot: str = "ieee"
+    # dot precisions of the chunked passes on fp32 activations. IEEE dots are lowered to unrolled FMA loops: at
+    # K = V = 128 the output pass took 72 s (G=2) to 282 s (G=3) to compile, with 20-39 KB of spilled stack per
+    # thread, which made the fp32 prefill GPU tests run for minutes. 3xTF32 (three TF32 tensor-core products per
+    # dot, fp32-level accuracy) compiles it in 11 s; the solve's 16 x 16 block products are the other way round
+    # (ieee 11-18 s, tf32x3 36-43 s). Figures: `python -m gdn_trt.plugins.triton_aot`, 2026-12-02.
+    fp32_dot: str = "tf32x3"  # w/u, state and output passes
+    fp32_solve_dot: str = "ieee"  # the triangular solve
 
 
 TUNING = Tuning()
@@ -134,7 +137,9 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
     HV, V = v.shape[1:]
     N = pack.num_seqs
     dt, dev = q.dtype, q.device
-    prec = tuning.fp32_dot if dt == torch.float32 else "tf32"  # "tf32" is ignored by bf16/fp16 dots
+    fp32 = dt == torch.float32
+    prec = tuning.fp32_dot if fp32 else "tf32"  # "tf32" only matters for the fp32 products inside the solve
+    solve_prec = tuning.fp32_solve_dot if fp32 else "tf32"
     n_chunks = triton.cdiv(T, BT) + 2 * N  # >= sum over sequences of chunks, the capture cut included
     BK, BN = max(16, triton.next_power_of_2(K)), max(2, triton.next_power_of_2(N))
     o = _new((T, HV, V), dt, dev)
@@ -149,7 +154,8 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
     if T > 0:
         gdn_chunk_solve_kernel[(n_chunks, H if tuning.solve_share else HV)](
             k, a, b, x.A_log, x.dt_bias, t_inv, gam, *seq, *k.stride()[:2], *a.stride(), *b.stride(),
-            BKS=min(tuning.solve_bk, BK), BC=BC, SHARE=tuning.solve_share, num_warps=tuning.solve_warps, **meta)
+            BKS=min(tuning.solve_bk, BK), BC=BC, SHARE=tuning.solve_share, num_warps=tuning.solve_warps,
+            **{**meta, "PREC": solve_prec})
         gdn_chunk_wu_kernel[(n_chunks, HV)](
             q, k, v, b, t_inv, gam, qn, kn, w, u, *seq, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
             *b.stride(), K ** -0.5, V=V, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))),

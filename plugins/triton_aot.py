@@ -1,0 +1,186 @@
+"""Compile the Triton launches of an entry point ahead of time for a GPU target, on a machine without a GPU.
+
+`record(module, call)` runs `call()` (an entry point of `module`, on CPU tensors of the real shapes) with every
+Triton kernel of `module` swapped for a recorder, so nothing launches; `compile_launch(launch)` then compiles one
+recorded launch with `triton.compile` for `TARGET` (sm_90), specialising its arguments exactly as Triton's JIT
+does at a launch (`native_specialize_impl`: dtypes, 16-divisible integers and pointers, integers equal to 1).
+What comes back is what the device would compile: registers, spill stack, shared memory, and the compile time.
+
+Why: shared memory over the limit ("out of resource") and compile blow-ups (IEEE fp32 dots lowered to unrolled
+FMA loops) showed up only on the H200 so far, where device time is scarce; both are properties of the compiled
+kernel, visible here. The CPU test `tests/test_triton_aot.py` checks the shared-memory limit for the default
+tuning; `python -m gdn_trt.plugins.triton_aot` prints the table (measurements in
+`bench/results/2026-12-02-aot.md`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+import triton
+from triton.backends.compiler import BaseBackend, GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+TARGET = GPUTarget("cuda", 90, 32)  # H200 / H100
+SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
+
+
+@dataclass(frozen=True)
+class Launch:
+    fn: JITFunction
+    args: dict[str, Any]  # every parameter by name, constexprs included
+    num_warps: int
+    num_stages: int
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+
+@dataclass(frozen=True)
+class Compiled:
+    name: str
+    seconds: float  # wall time of triton.compile (ptxas included) on this machine
+    registers: int
+    spill_stack: int  # bytes of stack per thread: register spills in Triton kernels
+    shared: int  # bytes of shared memory per block
+
+    def row(self) -> str:
+        return (f"{self.name:26s} compile {self.seconds:6.1f} s  regs {self.registers:3d}  "
+                f"stack {self.spill_stack:6d} B  shared {self.shared / 1024:6.1f} KB")
+
+
+class _Recorder:
+    def __init__(self, fn: JITFunction, log: list[Launch]):
+        self.fn, self.log = fn, log
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps: int = 4, num_stages: int = 3, **kwargs):
+            bound = dict(zip(self.fn.arg_names, args))
+            bound.update(kwargs)
+            missing = [n for n in self.fn.arg_names if n not in bound]
+            if missing:
+                raise TypeError(f"{self.fn.__name__}: launch without {missing}")
+            self.log.append(Launch(self.fn, bound, num_warps, num_stages))
+
+        return launch
+
+
+def record(module: ModuleType, call: Callable[[], object]) -> list[Launch]:
+    """The launches `call()` makes through the kernels bound in `module`, none of them run."""
+    log: list[Launch] = []
+    saved = {k: v for k, v in vars(module).items() if isinstance(v, JITFunction)}
+    try:
+        for k, v in saved.items():
+            setattr(module, k, _Recorder(v, log))
+        call()
+    finally:
+        for k, v in saved.items():
+            setattr(module, k, v)
+    return log
+
+
+def _specialize(launch: Launch) -> tuple[dict, dict, dict]:
+    from triton.runtime.jit import native_specialize_impl  # Triton's own launch-time specialisation
+
+    signature, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(launch.fn.params):
+        v = launch.args[p.name]
+        if p.is_constexpr:
+            signature[p.name], constexprs[p.name] = "constexpr", v
+            continue
+        ty, key = native_specialize_impl(BaseBackend, v, False, not p.do_not_specialize, True)
+        signature[p.name] = ty
+        if ty == "constexpr":  # an integer equal to 1
+            constexprs[p.name] = key
+        elif key == "D":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, constexprs, attrs
+
+
+def _resource_usage(cubin: bytes) -> tuple[int, int]:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    m = re.search(r"REG:(\d+)\s+STACK:(\d+)", out)
+    if m is None:
+        raise RuntimeError(f"cannot read the resource usage from cuobjdump: {out[-400:]}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def compile_launch(launch: Launch) -> Compiled:
+    signature, constexprs, attrs = _specialize(launch)
+    src = ASTSource(launch.fn, signature, constexprs=constexprs, attrs=attrs)
+    t0 = time.perf_counter()
+    # fp fusion on: the JIT's default up to Triton 3.9 (the H200 machine runs 3.6); saying so also silences 3.9's
+    # warning about the default changing
+    options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages, enable_fp_fusion=True)
+    k = triton.compile(src, target=TARGET, options=options)
+    seconds = time.perf_counter() - t0
+    regs, stack = _resource_usage(k.asm["cubin"])
+    return Compiled(launch.name, seconds, regs, stack, k.metadata.shared)
+
+
+# ---- the entry points at Qwen3-Next shapes, on CPU tensors (nothing runs: the launches are recorded) ----
+
+def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), lengths=(1000, 65), **tuning):
+    """The chunked (prefill) and recurrent launches of the gated delta rule for one varlen step."""
+    from dataclasses import replace
+
+    import torch
+
+    from .gated_delta_rule import triton as gdn
+    from .gated_delta_rule.io import GdnInputs
+    from .packing import Capture, Packing
+
+    H, G, K, V = heads
+    HV, T, N = H * G, sum(lengths), len(lengths)
+    x = GdnInputs(torch.zeros(T, H, K, dtype=dtype), torch.zeros(T, H, K, dtype=dtype),
+                  torch.zeros(T, HV, V, dtype=dtype), torch.zeros(T, HV, dtype=dtype),
+                  torch.zeros(T, HV, dtype=dtype), torch.zeros(HV), torch.zeros(HV))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    pack = Packing(cu, torch.arange(N, dtype=torch.int32))
+    pool = torch.zeros(N, HV, K, V)
+    tu = replace(gdn.TUNING, **tuning)
+    cap = Capture(torch.full((N,), -1, dtype=torch.int32), torch.zeros(N, HV, K, V))
+    launches = record(gdn, lambda: gdn.launch_chunked(x, pack, pool, cap, tu))
+    ones = Packing(torch.arange(N + 1, dtype=torch.int32), pack.slots)
+    x1 = GdnInputs(*(t[:N] for t in (x.q, x.k, x.v, x.a, x.b)), x.A_log, x.dt_bias)
+    launches += record(gdn, lambda: gdn.launch_recurrent(x1, ones, pool, None, tu))
+    return launches
+
+
+def main() -> None:
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heads", default="16,2,128,128", help="H,G,K,V")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a field of gated_delta_rule.triton.Tuning (repeatable)")
+    args = ap.parse_args()
+    tuning = {}
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        tuning[k] = int(v) if v.isdigit() else {"True": True, "False": False}.get(v, v)
+    heads = tuple(int(v) for v in args.heads.split(","))
+    print(f"Triton {triton.__version__}, target sm_{TARGET.arch}, heads (H, G, K, V) = {heads}, tuning {tuning}")
+    for name in args.dtypes.split(","):
+        for launch in gdn_launches(getattr(torch, name), heads, **tuning):
+            print(f"{name:8s} " + compile_launch(launch).row(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The Triton kernels as the H200 would compile them, compiled here on the CPU (`plugins/triton_aot.py`).
+
+A kernel whose shared memory exceeds the block limit compiles fine and fails only when loaded on the GPU ("out of
+resource": the state pass with 4 stages on fp32 activations did, 2026-12-02). Here every launch of the prefill and
+decode entry points at Qwen3-Next-class shapes, with the default tuning, is compiled for sm_90 and its shared
+memory checked against the limit, so such a tuning never reaches the device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from gdn_trt.plugins import triton_aot
+
+# under the interpreter the kernels are not JIT functions and there is nothing to compile
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="compiles for sm_90: meaningless under TRITON_INTERPRET=1")
+
+KERNELS = {"gdn_chunk_solve_kernel", "gdn_chunk_wu_kernel", "gdn_chunk_state_kernel", "gdn_chunk_out_kernel",
+           "gdn_recurrent_kernel"}
+
+
+# Qwen3-Next (G=2) and Qwen3.5-27B (G=3) heads; fp32 only at G=3, the largest fp32 kernels (CI time: ~20 s each)
+@pytest.mark.parametrize("heads, dtype", [((16, 2, 128, 128), torch.bfloat16), ((16, 3, 128, 128), torch.bfloat16),
+                                          ((16, 3, 128, 128), torch.float32)], ids=["G2-bf16", "G3-bf16", "G3-fp32"])
+def test_default_tuning_fits_sm90(heads, dtype):
+    launches = triton_aot.gdn_launches(dtype, heads)
+    assert {launch.name for launch in launches} == KERNELS
+    for launch in launches:
+        c = triton_aot.compile_launch(launch)
+        assert c.shared <= triton_aot.SMEM_LIMIT, (
+            f"{c.name} ({dtype}) needs {c.shared} B of shared memory, over sm_90's {triton_aot.SMEM_LIMIT}: "
+            f"lower its stages or tile in gated_delta_rule.triton.Tuning")
+        assert c.registers <= 255
+
+
+def test_recorder_refuses_an_incomplete_launch():
+    from gdn_trt.plugins.gated_delta_rule import triton as gdn
+
+    def bad():
+        gdn.gdn_recurrent_kernel[(1,)](1, 2)
+
+    with pytest.raises(TypeError, match="launch without"):
+        triton_aot.record(gdn, bad)
+    assert isinstance(gdn.gdn_recurrent_kernel, triton_aot.JITFunction), "the kernel must be put back"
+
+
+def test_a_tuning_over_the_limit_is_caught():
+    """The check has teeth: the 4-stage state pass on fp32 activations at K = V = 128 is over the limit."""
+    launches = triton_aot.gdn_launches(torch.float32, state_stages=4)
+    state = next(launch for launch in launches if launch.name == "gdn_chunk_state_kernel")
+    assert triton_aot.compile_launch(state).shared > triton_aot.SMEM_LIMIT
