@@ -4,8 +4,8 @@
 # stages (default: tests kernels): tests kernels lora runtime; KERNELS_ONLY passes --only to bench/kernels.py.
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
 # and failed; bench/kernels.py writes its results when cut.
-# Budget seen on the H200 (2026-12-02): tests > 330 s with 14 workers (before the workers shared the CPU threads,
-# see tests/conftest.py), kernels ~270 s, lora ~60 s.
+# Budget seen on the H200 (2026-12-02): tests > 330 s with 14 workers (compile-bound: the fp32 prefill kernels with
+# IEEE dots took minutes to compile, bench/results/2026-12-02-aot.md), kernels ~270 s, lora ~60 s.
 # The device returns at most 8 files from $OUT: tests.log, bench.log and 3 result files per bench stage, so name
 # at most two bench stages per call.
 set -u

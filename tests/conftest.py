@@ -9,8 +9,8 @@ import torch
 
 
 def pytest_configure(config):
-    # Under xdist every worker's torch would start one CPU thread per core: 14 workers x 16 threads on the GPU
-    # machine's 16 cores made the float64 CPU references of the large GPU tests run for minutes. Share the cores.
+    # Under xdist every worker's torch would start one CPU thread per core (14 workers x 16 threads on the GPU
+    # machine's 16 cores), oversubscribing the cores that the float64 references and Triton's compiles share.
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))

@@ -47,10 +47,10 @@ class Tuning:
     out_bv: int = 128
     out_warps: int = 4
     # dot precisions of the chunked passes on fp32 activations. IEEE dots are lowered to unrolled FMA loops: at
-    # K = V = 128 the output pass took 72 s (G=2) to 282 s (G=3) to compile, with 20-39 KB of spilled stack per
-    # thread, which made the fp32 prefill GPU tests run for minutes. 3xTF32 (three TF32 tensor-core products per
-    # dot, fp32-level accuracy) compiles it in 11 s; the solve's 16 x 16 block products are the other way round
-    # (ieee 11-18 s, tf32x3 36-43 s). Figures: `python -m gdn_trt.plugins.triton_aot`, 2026-12-02.
+    # K = V = 128 the output pass took 72-105 s to compile under Triton 3.9 (G = 2, 3) and 282 s under 3.6 (G = 3),
+    # with 20-39 KB of spilled stack per thread, which made the fp32 prefill GPU tests run for minutes. 3xTF32
+    # (three TF32 tensor-core products per dot, fp32-level accuracy) compiles it in 8-12 s; the solve's 16 x 16
+    # block products are the other way round (ieee 11-20 s, tf32x3 36-43 s). Figures: bench/results/2026-12-02-aot.md.
     fp32_dot: str = "tf32x3"  # w/u, state and output passes
     fp32_solve_dot: str = "ieee"  # the triangular solve
 
