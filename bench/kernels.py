@@ -247,9 +247,10 @@ class Bench:
                  ((1, 64, False), (1, 64, True), (2, 64, True), (1, 32, True))],
                 [dict(wu_warps=w) for w in (4, 8)],
                 # the state pass is bound by the bytes each program step moves (w and kn re-read per V-tile:
-                # bench/results/2026-12-02-kernels.md), so wider V-tiles are in the sweep
+                # bench/results/2026-12-02-kernels.md), so wider V-tiles are in the sweep; 2 stages fit two
+                # programs per SM (80 KB of shared memory against 116.5 KB: bench/results/2026-12-02-aot.md)
                 [dict(state_bv=bv, state_warps=w, state_stages=st) for bv, w, st in
-                 ((32, 4, 3), (32, 8, 3), (16, 4, 3), (64, 4, 3), (64, 8, 3), (64, 8, 2))],
+                 ((32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3), (64, 4, 3), (64, 8, 3), (64, 8, 2))],
                 [dict(out_bv=bv, out_warps=w) for bv, w in ((64, 4), (128, 4), (128, 8))],
             ]
             best_t, best_tu = math.inf, self.gdn
