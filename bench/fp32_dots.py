@@ -30,10 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from gdn_trt.plugins.gated_delta_rule import naive
 from gdn_trt.plugins.gated_delta_rule import triton as tri
 from gdn_trt.plugins.packing import Capture, Packing
-from tests.kernel_support import Step  # noqa: E402
+from tests.test_triton_gdn import VARLEN_STEP as STEP  # noqa: E402
 from tests.test_triton_gdn import Heads, _f64, make_inputs  # noqa: E402
-
-STEP = Step((1, 63, 65, 0, 1000, 130, 64), (0, 3, 6, 5, 1, -1, 2), (1, 10, 64, 0, 640, 7, -1))
 
 
 def rel_rms(ref: torch.Tensor, got: torch.Tensor) -> float:

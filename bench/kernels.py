@@ -334,7 +334,7 @@ def main() -> None:
             b.accuracy([4096], chunk=True)
         if "breakdown" in only:
             b.breakdown([16384], fla=True)
-            b.breakdown([1024] * 16, fla=True)  # varlen: 1.23x FLA's time on 2026-12-02, not yet broken down
+            b.breakdown([1024] * 16, fla=True)
         if "conv" in only:
             b.conv_prefill([16384])
             b.conv_prefill([1024] * 16)

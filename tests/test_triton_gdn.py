@@ -146,6 +146,9 @@ def check_chunked(step: Step, heads: Heads, dtype: torch.dtype, device: str) -> 
 
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float32, id="fp32")]
 ODD = [Heads(4, 3, 64, 128), Heads(2, 1, 128, 64), Heads(3, 2, 32, 48)]  # K != V, G in {1, 2, 3}
+# mixed lengths (chunk-aligned and not), an empty sequence, a padding sequence, captures at 0, inside, at a chunk
+# boundary, at the end, and none (also bench/fp32_dots.py's step)
+VARLEN_STEP = Step((1, 63, 65, 0, 1000, 130, 64), (0, 3, 6, 5, 1, -1, 2), (1, 10, 64, 0, 640, 7, -1))
 
 
 def _decode_step(n: int) -> Step:
@@ -184,10 +187,7 @@ def test_prefill(heads, T, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", [QWEN3_NEXT, QWEN35_27B, *ODD], ids=str)
 def test_prefill_varlen(heads, dtype):
-    """Mixed lengths (chunk-aligned and not), an empty sequence, a padding sequence, captures at 0, inside, at
-    a chunk boundary, at the end, and none."""
-    step = Step((1, 63, 65, 0, 1000, 130, 64), (0, 3, 6, 5, 1, -1, 2), (1, 10, 64, 0, 640, 7, -1))
-    check_chunked(step, heads, dtype, "cuda")
+    check_chunked(VARLEN_STEP, heads, dtype, "cuda")
 
 
 @pytest.mark.gpu

@@ -138,8 +138,8 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
     N = pack.num_seqs
     dt, dev = q.dtype, q.device
     fp32 = dt == torch.float32
-    prec = tuning.fp32_dot if fp32 else "tf32"  # "tf32" only matters for the fp32 products inside the solve
-    solve_prec = tuning.fp32_solve_dot if fp32 else "tf32"
+    prec = tuning.fp32_dot if fp32 else "tf32"  # bf16/fp16 operands: the dots ignore it
+    solve_prec = tuning.fp32_solve_dot if fp32 else "tf32"  # TF32 for the solve's fp32 block merges
     n_chunks = triton.cdiv(T, BT) + 2 * N  # >= sum over sequences of chunks, the capture cut included
     BK, BN = max(16, triton.next_power_of_2(K)), max(2, triton.next_power_of_2(N))
     o = _new((T, HV, V), dt, dev)
