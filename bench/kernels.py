@@ -1,6 +1,6 @@
 """Kernel benchmark on the GPU: our Triton kernels vs FLA 0.6.0 (fla-core) on identical inputs.
 
-    python bench/kernels.py [--out DIR] [--sweep rec,chunk] [--only sweep,decode,verify,prefill,...]
+    python bench/kernels.py [--out DIR] [--sweep rec,chunk,varlen] [--only sweep,decode,verify,prefill,...]
 
 Qwen3-Next GDN shapes (H=16, HV=32, K=V=128), bf16 activations, fp32 state. Both sides get the same raw inputs
 and do the same work: gates (g from a, A_log, dt_bias; sigmoid beta), the q/k L2 norm and the scale in the kernel
@@ -264,6 +264,16 @@ class Bench:
                     if r["time_us"] < best_t:
                         best_t, best_tu = r["time_us"], tu
             self.gdn = best_tu
+        if "varlen" in parts:
+            # many short sequences give the state pass 16x the programs of one long one, so settings that lose at
+            # T = 16384 (2 stages: two programs per SM; wider V-tiles: fewer re-reads of w and k) may win here.
+            # Reported beside the chosen tuning, which it does not change (launch_chunked takes one tuning).
+            for change in [dict(state_bv=bv, state_warps=w, state_stages=st) for bv, w, st in
+                           ((32, 4, 3), (32, 4, 2), (32, 2, 2), (64, 4, 2), (64, 8, 2), (16, 4, 2), (16, 2, 2))] + \
+                          [dict(solve_share=False), dict(solve_warps=2)]:
+                name = "sweep varlen " + " ".join(f"{k}={v}" for k, v in change.items())
+                r = self.chunked([1024] * 16, replace(self.gdn, **change), name, fla=False)
+                r["section"] = "sweep"
         print("chosen tuning:", self.gdn, flush=True)
 
 
@@ -302,7 +312,7 @@ SECTIONS = ("sweep", "decode", "verify", "prefill", "breakdown", "conv", "accura
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--sweep", default="rec,chunk", help="parameter groups to sweep: rec, chunk")
+    ap.add_argument("--sweep", default="rec,chunk", help="parameter groups to sweep: rec, chunk, varlen")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     args = ap.parse_args()
     only = set(args.only.split(","))
