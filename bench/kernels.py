@@ -259,7 +259,7 @@ class Bench:
                 for change in group:
                     tu = replace(base, **change)
                     name = "sweep " + " ".join(f"{k}={v}" for k, v in change.items())
-                    r = self.chunked([16384], tu, name, fla=False)
+                    r = self.chunked([16384], _one_state_tiling(tu), name, fla=False)
                     r["section"] = "sweep"
                     if r["time_us"] < best_t:
                         best_t, best_tu = r["time_us"], tu
@@ -267,14 +267,27 @@ class Bench:
         if "varlen" in parts:
             # many short sequences give the state pass 16x the programs of one long one, so settings that lose at
             # T = 16384 (2 stages: two programs per SM; wider V-tiles: fewer re-reads of w and k) may win here.
-            # Reported beside the chosen tuning, which it does not change (launch_chunked takes one tuning).
+            # Here launch_chunked takes the many-sequence tiling (Tuning.state_bv_many, state_stages_many), which
+            # this sweep informs; reported beside the chosen tuning, which it does not change.
             for change in [dict(state_bv=bv, state_warps=w, state_stages=st) for bv, w, st in
-                           ((32, 4, 3), (32, 4, 2), (32, 2, 2), (64, 4, 2), (64, 8, 2), (16, 4, 2), (16, 2, 2))] + \
-                          [dict(solve_share=False), dict(solve_warps=2)]:
+                           ((32, 4, 3), (32, 4, 2), (32, 2, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (16, 4, 2),
+                            (16, 2, 2))] + [dict(solve_share=False), dict(solve_warps=2)]:
                 name = "sweep varlen " + " ".join(f"{k}={v}" for k, v in change.items())
-                r = self.chunked([1024] * 16, replace(self.gdn, **change), name, fla=False)
+                tu = replace(self.gdn, **change)
+                r = self.chunked([1024] * 16, _one_state_tiling(tu) if "state_bv" in change else tu, name, fla=False)
                 r["section"] = "sweep"
+            # the switch point: a few long sequences, where the many-sequence tiling is taken from N = 2 (Qwen3-Next:
+            # 4 V-tiles x 32 heads x 2 > 132 SMs) but has only 2 x 32 x N programs
+            for n in (2, 4, 8):
+                for label, tu in (("auto", self.gdn), ("single-sequence tiling", _one_state_tiling(self.gdn))):
+                    r = self.chunked([16384 // n] * n, tu, f"sweep varlen {n}x{16384 // n} {label}", fla=False)
+                    r["section"] = "sweep"
         print("chosen tuning:", self.gdn, flush=True)
+
+
+def _one_state_tiling(tu: gdn_tri.Tuning) -> gdn_tri.Tuning:
+    """The state pass with tu's single-sequence tiling whatever the sequence count (a sweep times that tiling)."""
+    return replace(tu, state_bv_many=tu.state_bv, state_stages_many=tu.state_stages)
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -136,7 +136,8 @@ def compile_launch(launch: Launch) -> Compiled:
 # ---- the entry points at Qwen3-Next shapes, on CPU tensors (nothing runs: the launches are recorded) ----
 
 def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), lengths=(1000, 65), **tuning):
-    """The chunked (prefill) and recurrent launches of the gated delta rule for one varlen step."""
+    """The chunked (prefill) launches of the gated delta rule for one varlen step, its state pass in both tilings
+    (many sequences, single sequence), and the recurrent (decode) launch."""
     from dataclasses import replace
 
     import torch
@@ -156,10 +157,19 @@ def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), le
     tu = replace(gdn.TUNING, **tuning)
     cap = Capture(torch.full((N,), -1, dtype=torch.int32), torch.zeros(N, HV, K, V))
     launches = record(gdn, lambda: gdn.launch_chunked(x, pack, pool, cap, tu))
+    # the state pass in the other tiling too (the number of sequences x value heads picks one: gdn._state_tiling);
+    # forced here by making both tilings the single-sequence one
+    single = replace(tu, state_bv_many=tu.state_bv, state_stages_many=tu.state_stages)
+    launches += [launch for launch in record(gdn, lambda: gdn.launch_chunked(x, pack, pool, cap, single))
+                 if launch.name == "gdn_chunk_state_kernel" and _tiling(launch) not in map(_tiling, launches)]
     ones = Packing(torch.arange(N + 1, dtype=torch.int32), pack.slots)
     x1 = GdnInputs(*(t[:N] for t in (x.q, x.k, x.v, x.a, x.b)), x.A_log, x.dt_bias)
     launches += record(gdn, lambda: gdn.launch_recurrent(x1, ones, pool, None, tu))
     return launches
+
+
+def _tiling(launch: Launch) -> tuple[str, int, int]:
+    return launch.name, launch.args.get("BV", 0), launch.num_stages
 
 
 def main() -> None:

@@ -29,6 +29,9 @@ KERNELS = {"gdn_chunk_solve_kernel", "gdn_chunk_wu_kernel", "gdn_chunk_state_ker
 def test_default_tuning_fits_sm90(heads, dtype):
     launches = triton_aot.gdn_launches(dtype, heads)
     assert {launch.name for launch in launches} == KERNELS
+    # the state pass in both of its tilings: several sequences (the varlen step) and one alone
+    tilings = {(launch.args["BV"], launch.num_stages) for launch in launches if launch.name == "gdn_chunk_state_kernel"}
+    assert len(tilings) == 2, tilings
     for launch in launches:
         c = triton_aot.compile_launch(launch)
         assert c.shared <= triton_aot.SMEM_LIMIT, (

@@ -68,6 +68,15 @@ else:
         check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 3, 32, 16), F32, "cpu")
         check_chunked(Step((65,), (0,), (64,)), Heads(2, 2, 16, 24), F32, "cpu")
 
+    def test_gdn_chunked_many_sequence_tiling(monkeypatch):
+        # the state pass's tiling for many sequences (Tuning.state_bv_many), taken here on a one-SM "device":
+        # V = 96 in 64-wide tiles, the second half masked
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "_sm_count", lambda dev: 1)
+        assert gdn_tri._state_tiling(gdn_tri.TUNING, 96, 2, torch.device("cpu"))[0] == 64
+        check_chunked(Step((70, 3, 65), (1, 0, 2), (-1, 2, 64)), Heads(1, 2, 16, 96), F32, "cpu")
+
     def test_gdn_chunked_k_slices():
         # K = 48: the solve pass accumulates k k^T over two 32-wide K slices, the second one half masked
         check_chunked(Step((80, 5), (1, 0), (64, -1)), Heads(1, 2, 48, 24), F32, "cpu")

@@ -15,6 +15,7 @@ the cheaper to compile for each (see Tuning).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,14 @@ class Tuning:
     state_warps: int = 4
     # 4 stages: the same time in the sweep, but 238 KB of shared memory with fp32 activations at K=128 (227 KB max)
     state_stages: int = 3
+    # Many sequences (varlen): the state pass then has programs to spare and is bound by throughput, not by the
+    # latency of one sequence's chunk chain. A 64-wide V-tile halves the re-reads of k and w, and 2 stages (96 KB
+    # of shared memory in bf16) let two programs share an SM: 16 x 1024 tokens took 1010 us against 1154 us with
+    # the single-sequence tiling (bench/kernels.py --sweep varlen, H200, 2026-12-02). Used when the single-sequence
+    # tiling has more programs than the GPU has SMs (`_state_tiling`); for one long sequence the 64-wide tile
+    # halves the parallelism instead (1197 vs 1055 us at T = 16384).
+    state_bv_many: int = 64
+    state_stages_many: int = 2
     out_bv: int = 128
     out_warps: int = 4
     # dot precisions of the chunked passes on fp32 activations. IEEE dots are lowered to unrolled FMA loops: at
@@ -122,6 +131,27 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
     return o
 
 
+H200_SMS = 132
+
+
+@functools.cache
+def _sm_count(dev: torch.device) -> int:
+    # Off CUDA the kernels run in the interpreter or are recorded for sm_90 (plugins/triton_aot.py): tile as on the
+    # H200. Cached: the launch stays free of driver queries (CUDA-graph capture, host time per step).
+    if dev.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def _state_tiling(tuning: Tuning, V: int, sequence_heads: int, dev: torch.device) -> tuple[int, int]:
+    """(V-tile, stages) of the state pass, whose grid is V-tiles x value heads x sequences (see Tuning)."""
+    widest = max(16, triton.next_power_of_2(V))
+    bv = min(tuning.state_bv, widest)
+    if triton.cdiv(V, bv) * sequence_heads > _sm_count(dev):
+        return min(tuning.state_bv_many, widest), tuning.state_stages_many
+    return bv, tuning.state_stages
+
+
 def chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Capture) -> Tensor:
     """PREFILL / PREFILL_VARLEN: returns o; ssm_pool[slot] <- final state, capture.buf[n] <- state after
     capture.at[n] tokens (rows with capture.at[n] = -1 untouched)."""
@@ -161,10 +191,10 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
             *b.stride(), K ** -0.5, V=V, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))),
             num_warps=tuning.wu_warps, **meta)
     meta.update(V=V, BK=BK)
-    BVs = min(tuning.state_bv, max(16, triton.next_power_of_2(V)))
+    BVs, stages = _state_tiling(tuning, V, HV * N, dev)
     gdn_chunk_state_kernel[(triton.cdiv(V, BVs), HV, N)](
         kn, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, BV=BVs, num_warps=tuning.state_warps,
-        num_stages=tuning.state_stages, **meta)
+        num_stages=stages, **meta)
     if T > 0:
         BVo = min(tuning.out_bv, max(16, triton.next_power_of_2(V)))
         gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, H)](
