@@ -355,6 +355,7 @@ def main() -> None:
             b.accuracy([1] * 8, chunk=False)
             b.accuracy([4] * 64, chunk=False)
             b.accuracy([4096], chunk=True)
+            b.accuracy([1024] * 4, chunk=True)  # varlen: the state pass's many-sequence tiling
         if "breakdown" in only:
             b.breakdown([16384], fla=True)
             b.breakdown([1024] * 16, fla=True)
