@@ -1,6 +1,6 @@
 """Kernel benchmark on the GPU: our Triton kernels vs FLA 0.6.0 (fla-core) on identical inputs.
 
-    python bench/kernels.py [--out DIR] [--sweep rec,chunk,varlen] [--only sweep,decode,verify,prefill,...]
+    python bench/kernels.py [--out DIR] [--sweep rec,chunk,varlen,conv] [--only sweep,decode,verify,prefill,...]
 
 Qwen3-Next GDN shapes (H=16, HV=32, K=V=128), bf16 activations, fp32 state. Both sides get the same raw inputs
 and do the same work: gates (g from a, A_log, dt_bias; sigmoid beta), the q/k L2 norm and the scale in the kernel
@@ -143,7 +143,7 @@ class Bench:
                                       mtok_s=T / tf.median_s / 1e6))
         return ours
 
-    def conv_prefill(self, lengths: list[int]):
+    def conv_prefill(self, lengths: list[int], tuning=None, label: str = "ours", fla: bool = True):
         from fla.modules.causal_conv1d.ops import causal_conv1d
 
         T, N = sum(lengths), len(lengths)
@@ -154,35 +154,43 @@ class Bench:
         cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty_like(pool))
         sets = n_sets_for(2 * T * D_CONV * 2, cap=8)
         xs = [x] + [torch.randn_like(x) for _ in range(sets - 1)]
-        t = time_cuda(lambda i: conv_tri.launch_prefill(xs[i % sets], conv, pack, pool, cap, self.conv), sets)
+        tuning = tuning or self.conv
+        t = time_cuda(lambda i: conv_tri.launch_prefill(xs[i % sets], conv, pack, pool, cap, tuning), sets)
         nbytes = 2 * T * D_CONV * 2 + 2 * N * D_CONV * (W_CONV - 1) * 2
         case = f"conv prefill {T}" if N == 1 else f"conv varlen {N}x{lengths[0]}"
-        ours = self.add("conv", case, "ours", t, TBps=nbytes / t.median_s / 1e12,
+        ours = self.add("conv", case, label, t, TBps=nbytes / t.median_s / 1e12,
                         pct_copy_bw=100 * nbytes / t.median_s / self.copy_bw)
+        if not fla:
+            return ours
         h0 = torch.randn(N, D_CONV, W_CONV, device="cuda").to(DT)
         cu = pack.cu_seqlens.long() if N > 1 else None
         tf = time_cuda(lambda i: causal_conv1d(xs[i % sets][None], weight=conv.weight, initial_state=h0,
                                                output_final_state=True, activation="silu", cu_seqlens=cu), sets)
         self.ratio(ours, self.add("conv", case, FLA, tf, TBps=nbytes / tf.median_s / 1e12,
                                   pct_copy_bw=100 * nbytes / tf.median_s / self.copy_bw))
+        return ours
 
-    def conv_update(self, N: int):
+    def conv_update(self, N: int, tuning=None, label: str = "ours", fla: bool = True):
         from fla.modules.causal_conv1d.ops import causal_conv1d_update
 
         pack = packing([1] * N)
         x = torch.randn(N, D_CONV, device="cuda").to(DT)
         conv = ConvParams(torch.randn(D_CONV, W_CONV, device="cuda").to(DT), 1, 1)
         sets = n_sets_for(N * D_CONV * W_CONV * 2)
+        tuning = tuning or self.conv
         pools = [torch.randn(N, D_CONV, W_CONV - 1, device="cuda").to(DT) for _ in range(sets)]
         caches = [torch.randn(N, D_CONV, W_CONV, device="cuda").to(DT) for _ in range(sets)]
-        t = time_cuda(lambda i: conv_tri.update(x, conv, pack, pools[i % sets]), sets)
+        t = time_cuda(lambda i: conv_tri.launch_update(x, conv, pack, pools[i % sets], None, tuning), sets)
         nbytes = 2 * N * D_CONV * 2 + 2 * N * D_CONV * (W_CONV - 1) * 2
-        ours = self.add("conv", f"conv update {N}", "ours", t, TBps=nbytes / t.median_s / 1e12,
+        ours = self.add("conv", f"conv update {N}", label, t, TBps=nbytes / t.median_s / 1e12,
                         pct_copy_bw=100 * nbytes / t.median_s / self.copy_bw)
+        if not fla:
+            return ours
         tf = time_cuda(lambda i: causal_conv1d_update(x, caches[i % sets], weight=conv.weight, activation="silu"),
                        sets)
         self.ratio(ours, self.add("conv", f"conv update {N}", FLA, tf, TBps=nbytes / tf.median_s / 1e12,
                                   pct_copy_bw=100 * nbytes / tf.median_s / self.copy_bw))
+        return ours
 
     def breakdown(self, lengths: list[int], fla: bool) -> None:
         """Device time per kernel of one chunked call (profiler, eager), ours and optionally FLA's."""
@@ -282,6 +290,25 @@ class Bench:
                 for label, tu in (("auto", self.gdn), ("single-sequence tiling", _one_state_tiling(self.gdn))):
                     r = self.chunked([16384 // n] * n, tu, f"sweep varlen {n}x{16384 // n} {label}", fla=False)
                     r["section"] = "sweep"
+        if "conv" in parts:
+            # FLA autotunes its conv over 16-128 channel tiles and the warp count; ours were set by hand
+            for case, variants in (
+                    (lambda tu, name: self.conv_prefill([16384], tu, name, fla=False),
+                     [dict(chunk_bd=bd, chunk_bt=bt, chunk_warps=w) for bd, bt, w in
+                      ((128, 64, 4), (64, 64, 4), (64, 64, 2), (32, 64, 2), (32, 64, 1), (128, 32, 4), (64, 128, 4),
+                       (128, 64, 8), (256, 64, 8), (256, 32, 4))]),
+                    (lambda tu, name: self.conv_update(256, tu, name, fla=False),
+                     [dict(update_bd=bd, update_warps=w) for bd, w in
+                      ((256, 4), (128, 4), (128, 2), (64, 2), (64, 1), (32, 1), (512, 4), (512, 8))])):
+                best_t, best_tu = math.inf, self.conv
+                for change in variants:
+                    tu = replace(self.conv, **change)
+                    r = case(tu, "sweep " + " ".join(f"{k}={v}" for k, v in change.items()))
+                    r["section"] = "sweep"
+                    if r["time_us"] < best_t:
+                        best_t, best_tu = r["time_us"], tu
+                self.conv = replace(self.conv, **{k: getattr(best_tu, k) for k in variants[0]})
+            print("chosen conv tuning:", self.conv, flush=True)
         print("chosen tuning:", self.gdn, flush=True)
 
 
@@ -325,7 +352,8 @@ SECTIONS = ("sweep", "decode", "verify", "prefill", "breakdown", "conv", "accura
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--sweep", default="rec,chunk", help="parameter groups to sweep: rec, chunk, varlen")
+    ap.add_argument("--sweep", default="rec,chunk", help="parameter groups to sweep: rec, chunk, varlen, conv")
+    ap.add_argument("--name", default="kernels", help="results file stem: <date>-<name>.json/.md/.png")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -365,7 +393,7 @@ def main() -> None:
             b.conv_update(256)
     except SystemExit:
         meta["cut"] = "stopped by SIGTERM (time limit) before the remaining sections"
-    paths = write_results("kernels", b.rows, meta, COLUMNS, plot, args.out)
+    paths = write_results(args.name, b.rows, meta, COLUMNS, plot, args.out)
     print("wrote", *paths, flush=True)
     print(paths[1].read_text())
 

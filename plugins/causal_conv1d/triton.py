@@ -210,7 +210,7 @@ def _meta(conv: ConvParams) -> dict:
                 ACT=int(conv.activation == Activation.SILU))
 
 
-def _launch_update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, conv_stash: Tensor | None,
+def launch_update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, conv_stash: Tensor | None,
                    tuning: Tuning) -> Tensor:
     x = _check(x, conv, pack, conv_pool)
     T, D = x.shape
@@ -228,7 +228,7 @@ def _launch_update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor
 
 def update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor) -> Tensor:
     """Decode modes: x [T, D] -> y [T, D]; the window after each sequence's last token goes to conv_pool[slot]."""
-    return _launch_update(x, conv, pack, conv_pool, None, TUNING)
+    return launch_update(x, conv, pack, conv_pool, None, TUNING)
 
 
 def update_stash(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, conv_stash: Tensor) -> Tensor:
@@ -236,7 +236,7 @@ def update_stash(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, 
     if tuple(conv_stash.shape) != (x.shape[0], *conv.state_shape()) or not conv_stash.is_contiguous():
         raise ValueError(f"conv_stash must be a contiguous [{x.shape[0]}, {conv.weight.shape[0]}, {conv.state_len}] "
                          f"tensor, got {tuple(conv_stash.shape)}")
-    return _launch_update(x, conv, pack, conv_pool, conv_stash, TUNING)
+    return launch_update(x, conv, pack, conv_pool, conv_stash, TUNING)
 
 
 def prefill(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, capture: Capture) -> Tensor:
