@@ -295,11 +295,12 @@ class Bench:
             for case, variants in (
                     (lambda tu, name: self.conv_prefill([16384], tu, name, fla=False),
                      [dict(chunk_bd=bd, chunk_bt=bt, chunk_warps=w) for bd, bt, w in
-                      ((128, 64, 4), (64, 64, 4), (64, 64, 2), (32, 64, 2), (32, 64, 1), (128, 32, 4), (64, 128, 4),
-                       (128, 64, 8), (256, 64, 8), (256, 32, 4))]),
+                      ((128, 64, 4), (64, 64, 4), (32, 64, 2), (128, 32, 4), (128, 32, 2), (64, 32, 4), (64, 32, 2),
+                       (128, 16, 4), (128, 16, 2), (256, 16, 4), (256, 32, 8))]),
                     (lambda tu, name: self.conv_update(256, tu, name, fla=False),
                      [dict(update_bd=bd, update_warps=w) for bd, w in
-                      ((256, 4), (128, 4), (128, 2), (64, 2), (64, 1), (32, 1), (512, 4), (512, 8))])):
+                      ((256, 4), (256, 2), (128, 4), (128, 2), (128, 1), (64, 2), (64, 1), (512, 4), (512, 8),
+                       (1024, 8))])):
                 best_t, best_tu = math.inf, self.conv
                 for change in variants:
                     tu = replace(self.conv, **change)

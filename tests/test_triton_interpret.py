@@ -83,6 +83,9 @@ else:
 
     def test_conv_update():
         check_conv(ConvStep((1, 1, 1), (3, -1, 0)), Conv(40), F32, "cpu", "update")
+        # one-token path with dilation (taps every DIL-th history column) and no activation; two tokens: the loop
+        check_conv(ConvStep((1, 2, 1), (0, 4, 2)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
+                   "cpu", "update")
 
     def test_conv_update_stash():
         check_conv(ConvStep((3, 0, 2, 1), (1, 2, -1, 5)), Conv(24, dilation=3), F32, "cpu", "update_stash")

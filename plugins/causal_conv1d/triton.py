@@ -35,11 +35,13 @@ from .io import ConvParams
 
 @dataclass(frozen=True)
 class Tuning:
-    """Launch parameters (bench/kernels.py sweeps them on the H200)."""
+    """Launch parameters: the winners of `bench/kernels.py --sweep conv` on the H200 (Qwen3-Next conv, D = 8192,
+    W = 4; bench/results/2026-12-03-conv-sweep.md)."""
 
-    update_bd: int = 256
+    update_bd: int = 256  # also the channel tile of the prefill's state launch
     update_warps: int = 4
-    chunk_bt: int = 64
+    # 32-token chunks: 220 us at T = 16384 against 322 us with 64 (same tile), more programs in flight per SM
+    chunk_bt: int = 32
     chunk_bd: int = 128
     chunk_warps: int = 4
 
@@ -98,6 +100,29 @@ def conv_update_kernel(
     m_ds = m_d[:, None] & (o_s < STATE_LEN)[None, :]
     o_ds = o_d[:, None] * STATE_LEN + o_s[None, :]
     stash += bos * D * STATE_LEN
+    if n_t == 1:
+        # one token (every decode step): the history row is read once as a [BD, BS] tile and its taps weighted in
+        # place, instead of W + n per-column gathers of 6-byte rows (18.3 us against FLA's 11.4 at N = 256)
+        b_hist = tl.load(pool_row + o_ds, mask=m_ds, other=0.0).to(tl.float32)
+        b_x = tl.load(x + o_d, mask=m_d, other=0.0).to(tl.float32)
+        # buffer column j * DIL < n is tap j of the token (the last tap, j = W - 1, is x itself)
+        m_tap = m_ds & (o_s % DIL == 0)[None, :]
+        b_wt = tl.load(weight + o_d[:, None] * s_wd + (o_s // DIL)[None, :], mask=m_tap, other=0.0)
+        b_y = tl.sum(b_hist * b_wt.to(tl.float32), 1)
+        b_y += tl.load(weight + o_d * s_wd + (W - 1), mask=m_d, other=0.0).to(tl.float32) * b_x
+        if ACT == 1:
+            b_y = b_y * tl.sigmoid(b_y)
+        tl.store(y + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
+        # the window after the token: history shifted by one column, x last
+        m_next = m_d[:, None] & (o_s + 1 < STATE_LEN)[None, :]
+        b_win = tl.load(pool_row + o_ds + 1, mask=m_next, other=0.0).to(tl.float32)
+        b_win = tl.where((o_s == STATE_LEN - 1)[None, :], b_x[:, None], b_win)
+        if STASH:
+            tl.store(stash + o_ds, b_win.to(stash.dtype.element_ty), mask=m_ds)
+        else:
+            tl.debug_barrier()  # every read of the history row precedes its overwrite
+            tl.store(pool_row + o_ds, b_win.to(pool.dtype.element_ty), mask=m_ds)
+        return
     for i in range(0, n_t):
         b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, i, s_xt, s_wd, W, DIL, STATE_LEN, ACT)
         tl.store(y + i * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
