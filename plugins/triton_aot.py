@@ -168,6 +168,26 @@ def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), le
     return launches
 
 
+def conv_launches(dtype, dim: int = 8192, width: int = 4, seqs: int = 256):
+    """The causal conv's decode (`launch_update`, one token per sequence) and prefill (`launch_prefill`, a varlen
+    step of 1000 + 65 tokens) launches at Qwen3-Next's conv width."""
+    import torch
+
+    from .causal_conv1d import triton as conv
+    from .causal_conv1d.io import ConvParams
+    from .packing import Capture, Packing
+
+    params = ConvParams(torch.zeros(dim, width, dtype=dtype), 1, 1)
+    pool = torch.zeros(seqs, dim, width - 1, dtype=dtype)
+    ones = Packing(torch.arange(seqs + 1, dtype=torch.int32), torch.arange(seqs, dtype=torch.int32))
+    launches = record(conv, lambda: conv.launch_update(torch.zeros(seqs, dim, dtype=dtype), params, ones, pool, None,
+                                                       conv.TUNING))
+    pack = Packing(torch.tensor([0, 1000, 1065], dtype=torch.int32), torch.arange(2, dtype=torch.int32))
+    cap = Capture(torch.full((2,), -1, dtype=torch.int32), torch.zeros(2, dim, width - 1, dtype=dtype))
+    x = torch.zeros(1065, dim, dtype=dtype)
+    return launches + record(conv, lambda: conv.launch_prefill(x, params, pack, pool, cap, conv.TUNING))
+
+
 def _tiling(launch: Launch) -> tuple[str, int, int]:
     return launch.name, launch.args.get("BV", 0), launch.num_stages
 
@@ -188,7 +208,7 @@ def main() -> None:
     heads = tuple(int(v) for v in args.heads.split(","))
     print(f"Triton {triton.__version__}, target sm_{TARGET.arch}, heads (H, G, K, V) = {heads}, tuning {tuning}")
     for name in args.dtypes.split(","):
-        for launch in gdn_launches(getattr(torch, name), heads, **tuning):
+        for launch in gdn_launches(getattr(torch, name), heads, **tuning) + conv_launches(getattr(torch, name)):
             print(f"{name:8s} " + compile_launch(launch).row(), flush=True)
 
 

@@ -40,6 +40,15 @@ def test_default_tuning_fits_sm90(heads, dtype):
         assert c.registers <= 255
 
 
+def test_conv_kernels_compile_for_sm90():
+    # the conv kernels are small; what this catches is code the interpreter runs but the compiler rejects
+    launches = triton_aot.conv_launches(torch.bfloat16)
+    assert [launch.name for launch in launches] == ["conv_update_kernel", "conv_chunk_kernel", "conv_state_kernel"]
+    for launch in launches:
+        c = triton_aot.compile_launch(launch)
+        assert c.shared <= triton_aot.SMEM_LIMIT and c.spill_stack == 0, c.row()
+
+
 def test_recorder_refuses_an_incomplete_launch():
     from gdn_trt.plugins.gated_delta_rule import triton as gdn
 
