@@ -40,10 +40,11 @@ class Tuning:
 
     update_bd: int = 256  # also the channel tile of the prefill's state launch
     update_warps: int = 4
-    # 32-token chunks: 220 us at T = 16384 against 322 us with 64 (same tile), more programs in flight per SM
-    chunk_bt: int = 32
+    # small tiles, many programs in flight: 16 x 128 on 2 warps took 201 us at T = 16384 against 322 us with the
+    # earlier 64 x 128 on 4 warps (the loads of one program are W shifted copies of the same rows)
+    chunk_bt: int = 16
     chunk_bd: int = 128
-    chunk_warps: int = 4
+    chunk_warps: int = 2
 
 
 TUNING = Tuning()
