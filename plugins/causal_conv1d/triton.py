@@ -7,10 +7,11 @@ i tokens is columns [i, i + n).
 
 - `update` / `update_stash` (decode, verify): `conv_update_kernel`, one program per (channel tile, sequence),
   a loop over the sequence's few tokens; the window after each token goes to the stash, or the last window to
-  the pool (after a barrier: the pool row is also read as history).
-- `prefill`: `conv_chunk_kernel` computes y for 64-token chunks of every sequence in parallel (grid sized from
-  shapes; each program finds its sequence by a prefix sum over cu_seqlens), for tokens i >= n only, so it streams
-  x with 16-byte loads and never gathers from the pool; then `conv_state_kernel`, per (channel tile, sequence),
+  the pool (after a barrier: the pool row is also read as history). One token (decode) reads the pool row once
+  as a tile instead.
+- `prefill`: `conv_chunk_kernel` computes y for chunks of `Tuning.chunk_bt` tokens of every sequence in parallel
+  (grid sized from shapes; each program finds its sequence by a prefix sum over cu_seqlens), for tokens i >= n
+  only, so it streams x with 16-byte loads and never gathers from the pool; then `conv_state_kernel`, per (channel tile, sequence),
   computes the first n tokens (whose taps reach into the history), the capture window and the final window.
   Two launches because the final window overwrites the history row.
 
