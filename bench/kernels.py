@@ -20,6 +20,7 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -238,17 +239,12 @@ class Bench:
     def sweep(self, parts: set[str]) -> None:
         """One parameter group at a time, each on top of the best so far; the winners become self.gdn."""
         if "rec" in parts:
-            best = None
             # (32, 2): spill-free under Triton 3.6 where the default spills 136 B (bench/results/2026-12-02-aot.md)
-            for bv, warps, stream in ((64, 2, False), (32, 1, True), (32, 2, True), (64, 2, True), (64, 4, True),
-                                      (128, 4, True)):
-                tu = replace(self.gdn, rec_bv=bv, rec_warps=warps, rec_stream=stream)
-                r = self.recurrent(256, 1, False, tu, f"sweep rec bv{bv} w{warps}{' stream' if stream else ''}",
-                                   fla=False)
-                r["section"] = "sweep"
-                if best is None or r["time_us"] < best[0]:
-                    best = (r["time_us"], tu)
-            self.gdn = best[1]
+            changes = [dict(rec_bv=bv, rec_warps=w, rec_stream=st) for bv, w, st in
+                       ((64, 2, False), (32, 1, True), (32, 2, True), (64, 2, True), (64, 4, True), (128, 4, True))]
+            self.gdn = self._best(lambda tu, name: self.recurrent(256, 1, False, tu, name, fla=False), self.gdn,
+                                  changes, lambda c: f"sweep rec bv{c['rec_bv']} w{c['rec_warps']}"
+                                                     f"{' stream' if c['rec_stream'] else ''}")[1]
         if "chunk" in parts:
             groups = [
                 [dict(solve_warps=w, solve_bk=bk, solve_share=sh) for w, bk, sh in
@@ -261,62 +257,66 @@ class Bench:
                  ((32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3), (64, 4, 3), (64, 8, 3), (64, 8, 2))],
                 [dict(out_bv=bv, out_warps=w) for bv, w in ((64, 4), (128, 4), (128, 8))],
             ]
-            best_t, best_tu = math.inf, self.gdn
+            run = lambda tu, name: self.chunked([16384], tu.single_sequence_tiling(), name, fla=False)  # noqa: E731
+            best = (math.inf, self.gdn)
             for group in groups:
-                base = best_tu
-                for change in group:
-                    tu = replace(base, **change)
-                    name = "sweep " + " ".join(f"{k}={v}" for k, v in change.items())
-                    r = self.chunked([16384], _one_state_tiling(tu), name, fla=False)
-                    r["section"] = "sweep"
-                    if r["time_us"] < best_t:
-                        best_t, best_tu = r["time_us"], tu
-            self.gdn = best_tu
+                t, tu = self._best(run, best[1], group)
+                if t < best[0]:
+                    best = (t, tu)
+            self.gdn = best[1]
         if "varlen" in parts:
             # many short sequences give the state pass 16x the programs of one long one, so settings that lose at
             # T = 16384 (2 stages: two programs per SM; wider V-tiles: fewer re-reads of w and k) may win here.
             # Here launch_chunked takes the many-sequence tiling (Tuning.state_bv_many, state_stages_many), which
             # this sweep informs; reported beside the chosen tuning, which it does not change.
-            for change in [dict(state_bv=bv, state_warps=w, state_stages=st) for bv, w, st in
-                           ((32, 4, 3), (32, 4, 2), (32, 2, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (16, 4, 2),
-                            (16, 2, 2))] + [dict(solve_share=False), dict(solve_warps=2)]:
-                name = "sweep varlen " + " ".join(f"{k}={v}" for k, v in change.items())
-                tu = replace(self.gdn, **change)
-                r = self.chunked([1024] * 16, _one_state_tiling(tu) if "state_bv" in change else tu, name, fla=False)
-                r["section"] = "sweep"
+            varlen = [1024] * 16
+            self._best(lambda tu, name: self.chunked(varlen, tu.single_sequence_tiling(), name, fla=False), self.gdn,
+                       [dict(state_bv=bv, state_warps=w, state_stages=st) for bv, w, st in
+                        ((32, 4, 3), (32, 4, 2), (32, 2, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (16, 4, 2),
+                         (16, 2, 2))], lambda c: _sweep_name("sweep varlen", c))
+            self._best(lambda tu, name: self.chunked(varlen, tu, name, fla=False), self.gdn,
+                       [dict(solve_share=False), dict(solve_warps=2)], lambda c: _sweep_name("sweep varlen", c))
             # the switch point: a few long sequences, where the many-sequence tiling is taken from N = 2 (Qwen3-Next:
             # 4 V-tiles x 32 heads x 2 > 132 SMs) but has only 2 x 32 x N programs
             for n in (2, 4, 8):
-                for label, tu in (("auto", self.gdn), ("single-sequence tiling", _one_state_tiling(self.gdn))):
-                    r = self.chunked([16384 // n] * n, tu, f"sweep varlen {n}x{16384 // n} {label}", fla=False)
-                    r["section"] = "sweep"
+                for label, tu in (("auto", self.gdn), ("single-sequence tiling", self.gdn.single_sequence_tiling())):
+                    self._swept(self.chunked([16384 // n] * n, tu, f"sweep varlen {n}x{16384 // n} {label}",
+                                             fla=False))
         if "conv" in parts:
             # FLA autotunes its conv over 16-128 channel tiles and the warp count; ours are this sweep's winners,
             # committed as causal_conv1d.triton.Tuning (the prefill group first: its state launch uses update_bd)
-            for case, variants in (
-                    (lambda tu, name: self.conv_prefill([16384], tu, name, fla=False),
-                     [dict(chunk_bd=bd, chunk_bt=bt, chunk_warps=w) for bd, bt, w in
-                      ((128, 64, 4), (64, 64, 4), (32, 64, 2), (128, 32, 4), (128, 32, 2), (64, 32, 4), (64, 32, 2),
-                       (128, 16, 4), (128, 16, 2), (256, 16, 4), (256, 32, 8))]),
-                    (lambda tu, name: self.conv_update(256, tu, name, fla=False),
-                     [dict(update_bd=bd, update_warps=w) for bd, w in
-                      ((256, 4), (256, 2), (128, 4), (128, 2), (128, 1), (64, 2), (64, 1), (512, 4), (512, 8),
-                       (1024, 8))])):
-                best_t, best_tu = math.inf, self.conv
-                for change in variants:
-                    tu = replace(self.conv, **change)
-                    r = case(tu, "sweep " + " ".join(f"{k}={v}" for k, v in change.items()))
-                    r["section"] = "sweep"
-                    if r["time_us"] < best_t:
-                        best_t, best_tu = r["time_us"], tu
-                self.conv = replace(self.conv, **{k: getattr(best_tu, k) for k in variants[0]})
+            self.conv = self._best(
+                lambda tu, name: self.conv_prefill([16384], tu, name, fla=False), self.conv,
+                [dict(chunk_bd=bd, chunk_bt=bt, chunk_warps=w) for bd, bt, w in
+                 ((128, 64, 4), (64, 64, 4), (32, 64, 2), (128, 32, 4), (128, 32, 2), (64, 32, 4), (64, 32, 2),
+                  (128, 16, 4), (128, 16, 2), (256, 16, 4), (256, 32, 8))])[1]
+            self.conv = self._best(
+                lambda tu, name: self.conv_update(256, tu, name, fla=False), self.conv,
+                [dict(update_bd=bd, update_warps=w) for bd, w in
+                 ((256, 4), (256, 2), (128, 4), (128, 2), (128, 1), (64, 2), (64, 1), (512, 4), (512, 8),
+                  (1024, 8))])[1]
             print("chosen conv tuning:", self.conv, flush=True)
         print("chosen tuning:", self.gdn, flush=True)
 
+    @staticmethod
+    def _swept(row: dict) -> float:
+        row["section"] = "sweep"
+        return row["time_us"]
 
-def _one_state_tiling(tu: gdn_tri.Tuning) -> gdn_tri.Tuning:
-    """The state pass with tu's single-sequence tiling whatever the sequence count (a sweep times that tiling)."""
-    return replace(tu, state_bv_many=tu.state_bv, state_stages_many=tu.state_stages)
+    def _best(self, run, base, changes: list[dict], name=lambda c: _sweep_name("sweep", c)) -> tuple[float, Any]:
+        """Times `run(replace(base, **change), name(change))` (which adds a row) for each change; returns the
+        fastest (time, tuning)."""
+        best = (math.inf, base)
+        for change in changes:
+            tu = replace(base, **change)
+            t = self._swept(run(tu, name(change)))
+            if t < best[0]:
+                best = (t, tu)
+        return best
+
+
+def _sweep_name(prefix: str, change: dict) -> str:
+    return prefix + " " + " ".join(f"{k}={v}" for k, v in change.items())
 
 
 def plot(rows: list[dict], path: Path) -> None:

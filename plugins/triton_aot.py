@@ -157,9 +157,8 @@ def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), le
     tu = replace(gdn.TUNING, **tuning)
     cap = Capture(torch.full((N,), -1, dtype=torch.int32), torch.zeros(N, HV, K, V))
     launches = record(gdn, lambda: gdn.launch_chunked(x, pack, pool, cap, tu))
-    # the state pass in the other tiling too (the number of sequences x value heads picks one: gdn._state_tiling);
-    # forced here by making both tilings the single-sequence one
-    single = replace(tu, state_bv_many=tu.state_bv, state_stages_many=tu.state_stages)
+    # the state pass in the other tiling too (the number of sequences x value heads picks one: gdn._state_tiling)
+    single = tu.single_sequence_tiling()
     launches += [launch for launch in record(gdn, lambda: gdn.launch_chunked(x, pack, pool, cap, single))
                  if launch.name == "gdn_chunk_state_kernel" and _tiling(launch) not in map(_tiling, launches)]
     ones = Packing(torch.arange(N + 1, dtype=torch.int32), pack.slots)

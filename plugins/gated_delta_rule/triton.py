@@ -16,7 +16,7 @@ the cheaper to compile for each (see Tuning).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -62,6 +62,11 @@ class Tuning:
     # block products are the other way round (ieee 11-20 s, tf32x3 36-43 s). Figures: bench/results/2026-12-02-aot.md.
     fp32_dot: str = "tf32x3"  # w/u, state and output passes
     fp32_solve_dot: str = "ieee"  # the triangular solve
+
+    def single_sequence_tiling(self) -> Tuning:
+        """This tuning with the state pass in its single-sequence tiling whatever the sequence count (for the
+        sweeps that time that tiling and the sm_90 compile check)."""
+        return replace(self, state_bv_many=self.state_bv, state_stages_many=self.state_stages)
 
 
 TUNING = Tuning()
@@ -143,12 +148,16 @@ def _sm_count(dev: torch.device) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
+def _v_tile(want: int, V: int) -> int:
+    """A V-tile of the chunked passes: `want` wide at most, no wider than V's power of two, 16 at least (tl.dot)."""
+    return min(want, max(16, triton.next_power_of_2(V)))
+
+
 def _state_tiling(tuning: Tuning, V: int, sequence_heads: int, dev: torch.device) -> tuple[int, int]:
     """(V-tile, stages) of the state pass, whose grid is V-tiles x value heads x sequences (see Tuning)."""
-    widest = max(16, triton.next_power_of_2(V))
-    bv = min(tuning.state_bv, widest)
+    bv = _v_tile(tuning.state_bv, V)
     if triton.cdiv(V, bv) * sequence_heads > _sm_count(dev):
-        return min(tuning.state_bv_many, widest), tuning.state_stages_many
+        return _v_tile(tuning.state_bv_many, V), tuning.state_stages_many
     return bv, tuning.state_stages
 
 
@@ -188,7 +197,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
             **{**meta, "PREC": solve_prec})
         gdn_chunk_wu_kernel[(n_chunks, HV)](
             q, k, v, b, t_inv, gam, qn, kn, w, u, *seq, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
-            *b.stride(), K ** -0.5, V=V, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))),
+            *b.stride(), K ** -0.5, V=V, BK=BK, BV=_v_tile(64, V),
             num_warps=tuning.wu_warps, **meta)
     meta.update(V=V, BK=BK)
     BVs, stages = _state_tiling(tuning, V, HV * N, dev)
@@ -196,7 +205,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
         kn, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, BV=BVs, num_warps=tuning.state_warps,
         num_stages=stages, **meta)
     if T > 0:
-        BVo = min(tuning.out_bv, max(16, triton.next_power_of_2(V)))
+        BVo = _v_tile(tuning.out_bv, V)
         gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, H)](
             qn, kn, gam, h, v_new, o, *seq, BV=BVo, num_warps=tuning.out_warps, **meta)
     return o
