@@ -19,8 +19,6 @@ import numpy as np
 
 _FIELD_DTYPES = {"FLOAT16": np.float16, "FLOAT32": np.float32, "FLOAT64": np.float64, "INT8": np.int8,
                  "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "CHAR": np.int8, "UNKNOWN": np.uint8}
-_NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64,
-       "BOOL": np.bool_, "UINT8": np.uint8}
 _OPS = {"SUM": lambda a, b: a + b, "PROD": lambda a, b: a * b, "MAX": max, "MIN": min, "SUB": lambda a, b: a - b,
         "EQUAL": lambda a, b: int(a == b), "LESS": lambda a, b: int(a < b), "FLOOR_DIV": lambda a, b: a // b,
         "CEIL_DIV": lambda a, b: -(-a // b)}
@@ -101,7 +99,7 @@ class _Registry:
 
 
 class Logger:
-    VERBOSE, INFO, WARNING, ERROR, INTERNAL_ERROR = range(5)
+    WARNING = 2
 
     def __init__(self, min_severity=None):
         self.messages: list[str] = []
@@ -120,12 +118,10 @@ def core(version: str, package_dir: Path) -> types.ModuleType:
         setattr(m, name, e)
         return e
 
-    dt = enum_("DataType", "FLOAT HALF BF16 INT8 INT32 INT64 BOOL UINT8 FP8 INT4 FP4")
-    for alias, member in (("float32", "FLOAT"), ("float16", "HALF"), ("bfloat16", "BF16"), ("int8", "INT8"),
-                          ("int32", "INT32"), ("int64", "INT64"), ("bool", "BOOL"), ("uint8", "UINT8")):
+    dt = enum_("DataType", "FLOAT HALF BF16 INT8 INT32 INT64 BOOL UINT8 FP8 INT4")
+    for alias, member in (("float32", "FLOAT"), ("float16", "HALF"), ("int32", "INT32")):
         setattr(m, alias, dt[member])
-    m.nptype = lambda t: _NP[t.name]
-    enum_("TensorFormat", "LINEAR CHW2 HWC8 CHW4 CHW16 CHW32 DHWC8 CDHW32 HWC DLA_LINEAR DLA_HWC4 HWC16 DHWC")
+    enum_("TensorFormat", "LINEAR")
     enum_("TensorRTPhase", "BUILD RUNTIME")
     enum_("PluginFieldType", list(_FIELD_DTYPES))
     enum_("DimensionOperation", list(_OPS))
