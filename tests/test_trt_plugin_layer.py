@@ -146,14 +146,17 @@ def _io(name: str) -> str:
     return name if name in TENSORS else name.removesuffix("_out")
 
 
+def _dims(name: str) -> list[tuple[int, bool]]:
+    """(size, dynamic) per dim of a contract entry."""
+    return [(DIMS["N"] + 1, True) if d == "N+1" else (DIMS[d], d in DYNAMIC) for d in TENSORS[_io(name)][0].split()]
+
+
 def _shape(name: str) -> tuple[int, ...]:
-    name = _io(name)
-    return tuple(DIMS["N"] + 1 if d == "N+1" else DIMS[d] for d in TENSORS[name][0].split())
+    return tuple(size for size, _ in _dims(name))
 
 
 def _exprs(trt, name: str):
-    return trt.DimsExprs([trt.IDimensionExpr(DIMS["N"] + 1 if d == "N+1" else DIMS[d], d not in DYNAMIC | {"N+1"})
-                          for d in TENSORS[name][0].split()])
+    return trt.DimsExprs([trt.IDimensionExpr(size, not dynamic) for size, dynamic in _dims(name)])
 
 
 def _dtype(trt, name: str):
@@ -215,7 +218,7 @@ def test_op_through_parser_builder_and_runtime(layer, spec, monkeypatch):
                       trt.TensorRTPhase.RUNTIME, version).clone()
     calls = _enqueue(trt, runtime, spec, monkeypatch)
 
-    (entry, args, kwargs), (copied,) = calls["kernel"], calls["copy"]
+    (entry, args, kwargs), [(copied, src)] = calls["kernel"], calls["copy"]
     assert entry == ENTRY[spec]
     ptrs = _ptrs(spec)
     seen = _views(args)
@@ -226,7 +229,8 @@ def test_op_through_parser_builder_and_runtime(layer, spec, monkeypatch):
     conv = [a for a in args if hasattr(a, "dilation")]
     assert [(type(c.dilation), c.dilation, type(c.activation), c.activation) for c in conv] == (
         [(int, ATTRS["dilation"], int, ATTRS["activation"])] if spec.attrs else [])
-    assert copied.ptr == ptrs[spec.outputs[0]] and calls["stream"] == [STREAM]
+    assert copied.ptr == ptrs[spec.outputs[0]] and src is RESULT, "the activation goes to outputs[0]"
+    assert calls["stream"] == [STREAM], "the kernels launch on TensorRT's stream"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +242,10 @@ class _View:
     dtype: str
 
     def copy_(self, src):
-        _View.calls["copy"].append(self)
+        _View.calls["copy"].append((self, src))
+
+
+RESULT = _View(0, (), "the kernel's activation output")
 
 
 def _ptrs(spec: OpSpec) -> dict[str, int]:
@@ -264,13 +271,12 @@ def _enqueue(trt, plugin, spec: OpSpec, monkeypatch) -> dict:
 
     calls = {"copy": [], "stream": [], "kernel": None}
     _View.calls = calls
-    family = spec.name.split("_")[0]
-    pkg = "gated_delta_rule" if family == "gated" else "causal_conv1d"
+    pkg = "gated_delta_rule" if spec.name.startswith("gated") else "causal_conv1d"
     fake = type(sys)(f"gdn_trt.plugins.{pkg}.triton")
     for name in KERNELS[pkg]:
         def kernel(*args, _name=name, **kwargs):
             calls["kernel"] = (_name, args, kwargs)
-            return _View(0, (), "result")
+            return RESULT
         setattr(fake, name, kernel)
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(trt_common, "torch_view", lambda t: _View(t.data_ptr, tuple(t.shape), t.dtype.name))
