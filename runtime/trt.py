@@ -89,12 +89,6 @@ class TrtEngine(Engine):
         self.contexts = {mode: [_context(p, k, memory, stream) for k in range(p.engine.num_optimization_profiles)]
                          for mode, p in plans.items()}
         stream.synchronize()
-        for mode, p in plans.items():
-            copied = sorted({t.name for t in p.spec.outputs if t.aliases} - p.in_place)
-            if copied:
-                log.warning("layer %d %s: %s not confirmed aliased by the plan (TensorRT %s): bound to buffers of "
-                            "their own and copied back after each step", layer_idx, mode.value, ", ".join(copied),
-                            trt.__version__)
 
     def modes(self) -> tuple[LayerMode, ...]:
         return tuple(self.specs)
@@ -182,6 +176,14 @@ def load_trt_engines(cfg: GdnConfig, engines_dir: str, device: torch.device, act
     memory = ContextMemory(need, torch.device(device))
     log.info("TensorRT %s: %d plans, one context memory of %.1f MiB for all their contexts", trt.__version__,
              len(plans), need / 2**20)
+    copied = [(key, sorted(set(p.spec.aliases) - p.in_place)) for key, p in plans.items()]
+    copied = [(key, names) for key, names in copied if names]
+    if copied:
+        (layer, mode), names = copied[0]
+        log.warning("TensorRT %s: %d of %d plans do not confirm their aliased outputs (get_aliased_input_tensor: "
+                    "TensorRT >= 10.15): those outputs get buffers of their own, copied back after each step "
+                    "(e.g. layer %d %s: %s)", trt.__version__, len(copied), len(plans), layer, mode.value,
+                    ", ".join(names))
     engines = []
     for i in cfg.gdn_layer_ids:
         mine = {mode: p for (layer, mode), p in plans.items() if layer == i}
