@@ -28,7 +28,7 @@ import numpy.typing as npt
 from .spec import OpSpec
 
 # TensorRT DataType name -> (torch dtype name, __cuda_array_interface__ typestr of the same width); bf16 travels as
-# int16 because `tensorrt.plugin.Tensor.__cuda_array_interface__` refuses bf16 (reference/tensorrt.md §1.3)
+# int16 because `tensorrt.plugin.Tensor.__cuda_array_interface__` refuses bf16 (its `_tensor.py`, 10.8 to 11.4)
 _TYPES = {"FLOAT": ("float32", "<f4"), "HALF": ("float16", "<f2"), "BF16": ("bfloat16", "<i2"),
           "INT32": ("int32", "<i4"), "INT64": ("int64", "<i8")}
 # every attribute is an int, declared as a one-element int32 array (see the module docstring for why not `int`)

@@ -5,7 +5,7 @@ activations, the layer's pools and the stash or capture buffers (`LayerCall`), w
 returns the activations (`StepOutput`). The runtime owns every buffer; engines own none.
 
 Plan manifests (`find_plans`): `gdn-trt build` writes, per (layer, mode), a plan and a manifest holding the config
-hash and the `GraphSpec` it was built from (DESIGN §5). The runtime trusts nothing else: every manifest under
+hash and the `GraphSpec` it was built from. The runtime trusts nothing else: every manifest under
 `engines_dir` is read, the ones of this model's config are indexed by (layer, mode), and a plan whose manifest
 names another config, another activation dtype or a layer the model does not have is an error that names the file
 and the mismatch (a plan built for another config must never run silently). No tensorrt import here, so these
