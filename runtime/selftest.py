@@ -165,6 +165,7 @@ class Step:
                 raise RuntimeError(f"TensorRT refused input {n} {tuple(t.shape)}")
         self.ctx.set_tensor_address(spec.outputs[0], self.act.data_ptr())
         self.bind(own_buffer=False)
+        stream.wait_stream(torch.cuda.current_stream())  # the feeds and buffers were written on the current stream
 
     def bind(self, own_buffer: bool) -> None:
         self.own_buffer = own_buffer
@@ -249,6 +250,7 @@ def _steps(engine, spec: OpSpec, feeds: dict, confirmed: bool, rep: Report) -> S
         feeds[pool_name].copy_(original)
         step.own.fill_(float("nan"))
         step.bind(own)
+        stream.wait_stream(torch.cuda.current_stream())
         if not step.ctx.execute_async_v3(stream.cuda_stream):
             raise RuntimeError("execute_async_v3 returned False")
         stream.synchronize()
@@ -263,6 +265,7 @@ def _steps(engine, spec: OpSpec, feeds: dict, confirmed: bool, rep: Report) -> S
             rep.add(f"{spec.name}: step, {out_name} on {pool_name}'s address", ok if confirmed else None, **facts)
     feeds[pool_name].copy_(original)
     step.bind(False)
+    stream.wait_stream(torch.cuda.current_stream())
     return step
 
 
@@ -279,6 +282,7 @@ def measure_copies(step: Step, steps: int, rep: Report) -> None:
     x = GdnInputs(*(feeds[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias")))
     pack = Packing(feeds["cu_seqlens"], feeds["slots"])
     spare = torch.empty_like(step.pool)
+    step.stream.wait_stream(torch.cuda.current_stream())
     step.bind(False)
     in_place = device_us(step.run, steps, step.stream)
     step.bind(True)
