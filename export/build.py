@@ -6,8 +6,14 @@ feature (pool, stash and capture outputs are aliased plugin outputs), `EngineFro
 parsing, the plugin modules are imported (they register the `gdn_trt` creators) and a pre-flight check names every
 custom node whose creator is missing: TensorRT would otherwise inline the function body silently. `--no-plugins`
 asks for exactly that plugin-free build instead. Output per graph: `<out>/<model>/layer<i>/<stem>.plan` and a JSON
-manifest beside it (config hash, GraphSpec, TensorRT and plugin versions, GPU). Without TensorRT it raises
-`TrtUnavailable` with the install instructions; nothing pretends to build.
+manifest beside it (config hash, GraphSpec, TensorRT and plugin versions, GPU, the exact preview-feature set, the
+context memory per profile). Without TensorRT it raises `TrtUnavailable` with the install instructions; nothing
+pretends to build.
+
+Polygraphy's `CreateConfig(preview_features=[...])` sets every member of `trt.PreviewFeature`: the ones listed on,
+all others off, TensorRT's defaults included (on 10.x `PROFILE_SHARING_0806` and `RUNTIME_ACTIVATION_RESIZE_10_10`
+are on by default). Neither matters here (one context per profile, no runtime resizing), and the manifest records
+the whole set (`preview_feature_set`) so a plan says exactly what it was built with.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from ..plugins.spec import NAMESPACE, OPS_BY_NAME, PLUGIN_VERSION
 from .artifacts import GraphRecord, Manifest
 from .spec import GraphSpec
 
-MIN_TRT = (10, 8)
+MIN_TRT = (10, 8)  # the oldest TensorRT whose plugin layer tests/test_trt_plugin_layer.py drives our six ops through
+PREVIEW_FEATURES = ("ALIASED_PLUGIN_IO_10_03",)  # on; every other trt.PreviewFeature off (Polygraphy's semantics)
 PLUGIN_MODULES = ("gdn_trt.plugins.gated_delta_rule.trt", "gdn_trt.plugins.causal_conv1d.trt")
 INSTALL = ("TensorRT >= 10.8 with its Python bindings is needed (a Linux machine with an NVIDIA GPU and driver): "
            "pip install 'gdn-trt[trt]' (or pip install 'tensorrt>=10.8' from NVIDIA's package index); the exact "
@@ -71,6 +78,31 @@ def preflight(onnx_path: Path) -> dict[str, bool]:
     return found
 
 
+def preview_feature_set(trt) -> dict[str, bool]:
+    """Every `trt.PreviewFeature` of this TensorRT -> whether a build with `create_config` enables it."""
+    return {name: name in PREVIEW_FEATURES for name in trt.PreviewFeature.__members__}
+
+
+def create_config(trt, profiles: list, refittable: bool = False):
+    """Polygraphy `CreateConfig`: the profiles, `PREVIEW_FEATURES` (and only those), REFIT when asked."""
+    from polygraphy.backend.trt import CreateConfig
+
+    return CreateConfig(profiles=profiles, preview_features=[getattr(trt.PreviewFeature, n) for n in PREVIEW_FEATURES],
+                        refittable=refittable)
+
+
+def context_memory(engine) -> list[int]:
+    """Bytes of activation (context) memory per optimization profile: what a USER_MANAGED execution context
+    needs. `get_device_memory_size_for_profile_v2` exists from TensorRT 10.1 (every version we claim); before it,
+    `get_device_memory_size_for_profile`, and where neither exists the engine-wide size for every profile."""
+    n = engine.num_optimization_profiles
+    for name in ("get_device_memory_size_for_profile_v2", "get_device_memory_size_for_profile"):
+        if hasattr(engine, name):
+            return [int(getattr(engine, name)(k)) for k in range(n)]
+    total = getattr(engine, "device_memory_size_v2", None)
+    return [int(engine.device_memory_size if total is None else total)] * n
+
+
 def profiles(spec: GraphSpec) -> list:
     from polygraphy.backend.trt import Profile
 
@@ -87,13 +119,12 @@ def engine_loader(spec: GraphSpec, onnx_path: Path, plugins: bool = True, refitt
     """A Polygraphy engine loader for one graph (nothing runs until it is called). `refittable` sets
     BuilderFlag.REFIT, so `gdn-trt refit` can later replace the weights (e.g. a merged LoRA adapter)."""
     trt = import_tensorrt()
-    from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromOnnxPath
+    from polygraphy.backend.trt import EngineFromNetwork, NetworkFromOnnxPath
 
     if plugins:
         load_plugins()
         preflight(onnx_path)
-    config = CreateConfig(profiles=profiles(spec), preview_features=[trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03],
-                          refittable=refittable)
+    config = create_config(trt, profiles(spec), refittable)
     return EngineFromNetwork(NetworkFromOnnxPath(str(onnx_path), strongly_typed=True), config=config)
 
 
@@ -120,14 +151,15 @@ def build_graph(manifest: Manifest, rec: GraphRecord, opts: BuildOptions) -> Pat
     onnx_path = manifest.root / rec.path
     plan = opts.out / manifest.data["model"] / Path(rec.path).with_suffix(".plan")
     plan.parent.mkdir(parents=True, exist_ok=True)
-    SaveEngine(engine_loader(rec.spec, onnx_path, opts.plugins, opts.refittable), path=str(plan))()
+    engine = SaveEngine(engine_loader(rec.spec, onnx_path, opts.plugins, opts.refittable), path=str(plan))()
     merged = manifest.data.get("adapter")
     meta = {
         "model": manifest.data["model"], "config_hash": rec.spec.config_hash, "graph_spec": rec.spec.to_json(),
         "onnx": rec.path, "onnx_sha256": rec.sha256, "tensorrt": trt.__version__,
         "plugins": ({op: {"namespace": NAMESPACE, "version": PLUGIN_VERSION} for op in custom_nodes(onnx_path)}
                     if opts.plugins else "none (function bodies inlined)"),
-        "preview_features": ["ALIASED_PLUGIN_IO_10_03"], "gpu": _gpu(), "refittable": opts.refittable,
+        "preview_features": preview_feature_set(trt), "context_memory": context_memory(engine), "gpu": _gpu(),
+        "refittable": opts.refittable,
         "merged_adapter": None if merged is None else merged["digest"],
         "plan_sha256": hashlib.sha256(plan.read_bytes()).hexdigest(), "plan_bytes": plan.stat().st_size,
     }

@@ -6,6 +6,15 @@ as a `TensorDesc` and then the int attributes; impl functions take the inputs, t
 only be those of `spec.py` (the exporter reads the same table). This module imports without TensorRT (the
 signature builders are tested on CPU); `register_op` and `torch_view` need it and are called by `<op>/trt.py`,
 which is imported only where `tensorrt` imports.
+
+Int attributes are declared `numpy.typing.NDArray[np.int32]`, not `int`. TensorRT's creator turns a field into an
+`int` attribute with `int(field.data)`, and `field.data` is a one-element array: numpy >= 2.4 raises TypeError
+there ("only 0-dimensional arrays can be converted"), so on every TensorRT before 11.2 (10.x, 11.0, 11.1) a conv
+plugin could be neither created by the ONNX parser nor re-created from a plan. An int32 array attribute takes the
+creator's array path (`field.data.astype(np.int32)`) on every TensorRT with `tensorrt.plugin` (>= 10.6), matches
+the INT32 field the parser makes of an ONNX INT attribute, and is serialised into the plan as INT32. The generated
+functions hand the op's own `outputs` / `launch` plain ints (`attr_int`). `tests/test_trt_plugin_layer.py` drives
+the six ops through TensorRT's own `tensorrt.plugin` files of the versions we claim.
 """
 
 from __future__ import annotations
@@ -13,17 +22,29 @@ from __future__ import annotations
 import inspect
 from typing import Callable, Tuple
 
+import numpy as np
+import numpy.typing as npt
+
 from .spec import OpSpec
 
 # TensorRT DataType name -> (torch dtype name, __cuda_array_interface__ typestr of the same width); bf16 travels as
-# int16 because `tensorrt.plugin.Tensor.__cuda_array_interface__` refuses bf16 (reference/tensorrt.md §1.3)
+# int16 because `tensorrt.plugin.Tensor.__cuda_array_interface__` refuses bf16 (its `_tensor.py`, 10.8 to 11.4)
 _TYPES = {"FLOAT": ("float32", "<f4"), "HALF": ("float16", "<f2"), "BF16": ("bfloat16", "<i2"),
           "INT32": ("int32", "<i4"), "INT64": ("int64", "<i8")}
-ATTR_TYPE = int  # every attribute is an int: the ONNX parser turns INT attributes into INT32 plugin fields
+# every attribute is an int, declared as a one-element int32 array (see the module docstring for why not `int`)
+ATTR_TYPE = npt.NDArray[np.int32]
+
+
+def attr_int(value) -> int:
+    """The int of a plugin attribute: a one-element int32 array (what TensorRT's creator hands over) or an int."""
+    a = np.asarray(value)
+    if a.size != 1:
+        raise ValueError(f"a gdn_trt plugin attribute holds one int, got {a.size} values: {a!r}")
+    return int(a.reshape(-1)[0])
 
 
 def register_signature(spec: OpSpec, desc_type: type) -> inspect.Signature:
-    """(inputs: desc_type..., attrs: int...) -> Tuple[desc_type, ...] (one per output), no defaults."""
+    """(inputs: desc_type..., attrs: NDArray[int32]...) -> Tuple[desc_type, ...] (one per output), no defaults."""
     P = inspect.Parameter
     params = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=desc_type) for n in spec.inputs]
     params += [P(a, P.POSITIONAL_OR_KEYWORD, annotation=ATTR_TYPE) for a in spec.attrs]
@@ -73,10 +94,11 @@ def register_op(spec: OpSpec, outputs: Callable, launch: Callable) -> None:
     """Register the QDP `gdn_trt::<name>`.
 
     Args:
-        outputs: (descs: dict input name -> TensorDesc, attrs: dict) -> the activation output's TensorDesc; the
-            buffer outputs are the aliased inputs, in the spec's order.
-        launch: (tensors: dict input name -> torch tensor, attrs: dict, out: torch tensor) -> None; writes the
-            activation output into `out` and the aliased buffers in place (their outputs share the address).
+        outputs: (descs: dict input name -> TensorDesc, attrs: dict name -> int) -> the activation output's
+            TensorDesc; the buffer outputs are the aliased inputs, in the spec's order.
+        launch: (tensors: dict input name -> torch tensor, attrs: dict name -> int, out: torch tensor) -> None;
+            writes the activation output into `out` and the aliased buffers in place (their outputs share the
+            address).
     """
     import tensorrt.plugin as trtp
     import torch
@@ -84,7 +106,7 @@ def register_op(spec: OpSpec, outputs: Callable, launch: Callable) -> None:
     def describe(*args, **kwargs):
         bound = register_signature(spec, trtp.TensorDesc).bind(*args, **kwargs)
         descs = {n: bound.arguments[n] for n in spec.inputs}
-        attrs = {a: bound.arguments[a] for a in spec.attrs}
+        attrs = {a: attr_int(bound.arguments[a]) for a in spec.attrs}
         return (outputs(descs, attrs), *(descs[i].aliased() for i in spec.mutated_inputs))
 
     def enqueue(*args, **kwargs):
@@ -93,7 +115,7 @@ def register_op(spec: OpSpec, outputs: Callable, launch: Callable) -> None:
         # launch on TensorRT's stream: anything else breaks ordering and CUDA-graph capture
         with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
             tensors = {n: torch_view(bound.arguments[n]) for n in spec.inputs}
-            launch(tensors, {a: bound.arguments[a] for a in spec.attrs}, torch_view(outs[0]))
+            launch(tensors, {a: attr_int(bound.arguments[a]) for a in spec.attrs}, torch_view(outs[0]))
 
     trtp.register(spec.qualified)(
         _with_signature(describe, register_signature(spec, trtp.TensorDesc), f"{spec.name}_register"))

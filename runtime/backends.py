@@ -5,7 +5,7 @@ activations, the layer's pools and the stash or capture buffers (`LayerCall`), w
 returns the activations (`StepOutput`). The runtime owns every buffer; engines own none.
 
 Plan manifests (`find_plans`): `gdn-trt build` writes, per (layer, mode), a plan and a manifest holding the config
-hash and the `GraphSpec` it was built from (DESIGN §5). The runtime trusts nothing else: every manifest under
+hash and the `GraphSpec` it was built from. The runtime trusts nothing else: every manifest under
 `engines_dir` is read, the ones of this model's config are indexed by (layer, mode), and a plan whose manifest
 names another config, another activation dtype or a layer the model does not have is an error that names the file
 and the mismatch (a plan built for another config must never run silently). No tensorrt import here, so these
@@ -108,6 +108,11 @@ class PlanMatch:
     merged_adapter: str | None = None
 
 
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
 def trt_unavailable(device: torch.device, engines_dir: str | None) -> str | None:
     """Why TensorRT engines cannot serve this session (None = they can)."""
     if device.type != "cuda":
@@ -126,8 +131,7 @@ def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None,
     """Per layer, the candidate engines in preference order. 'torch': the PyTorch modes; 'trt': the plans of
     `engines_dir` only (an error when TensorRT cannot serve); 'auto': the plans when TensorRT can serve, with the
     PyTorch modes behind them for what the plans' profiles do not cover (each such choice is logged)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    _check_backend(backend)
     torch_engines: list[list[Engine]] = [[TorchEngine(layer, device)] for layer in layers]
     if backend == "torch":
         return torch_engines
@@ -146,6 +150,16 @@ def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None,
     log.info("backend auto -> trt from %s (torch-%s behind it for steps the profiles do not cover)",
              engines_dir, device.type)
     return [[t, *te] for t, te in zip(trt_engines, torch_engines)]
+
+
+def trt_context_budget(backend: str, engines_dir: str | None, device: torch.device, cfg: GdnConfig, act_dtype: str,
+                       match: PlanMatch = PlanMatch()) -> int:
+    """Bytes of TensorRT context memory a session will allocate (0 when its plans will not serve it): the row the
+    memory plan adds for them (`plan(..., trt_context=...)`)."""
+    _check_backend(backend)
+    if backend == "torch" or trt_unavailable(device, engines_dir) is not None:
+        return 0
+    return planned_context_memory(find_plans(engines_dir, cfg, act_dtype, match))
 
 
 # ---- plan manifests (no tensorrt import: these checks run anywhere) ----
@@ -216,6 +230,36 @@ def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str, match: P
     if not found:
         raise FileNotFoundError(f"no plan manifests under {root} (run gdn-trt build)")
     return found
+
+
+def in_place_outputs(engine, spec: GraphSpec) -> frozenset[str]:
+    """The aliased outputs (`<x>_out`) a TensorRT engine confirms share their input's memory, which the runtime
+    may therefore bind to the input's address. `ICudaEngine.get_aliased_input_tensor` (TensorRT >= 10.15; absent
+    from 10.14 and older) names the input an output aliases, or None. Without that call nothing can confirm an
+    alias, so none is bound in place: TensorRT's header allows it to insert copies for aliased plugin I/O, and
+    one pointer bound as both an engine input and output has given wrong results (NVIDIA/TensorRT #4681)."""
+    ask = getattr(engine, "get_aliased_input_tensor", None)
+    if ask is None:
+        return frozenset()
+    return frozenset(n for n, i in spec.aliases.items() if ask(n) == i)
+
+
+def planned_context_memory(plans: dict[tuple[int, LayerMode], PlanInfo]) -> int:
+    """Bytes of the one context scratch a session allocates for `plans` (`runtime/trt.py: ContextMemory`): the
+    largest per-profile context memory their manifests record (`gdn-trt build` writes "context_memory"). Plans
+    built before that field existed count 0 here and are named in the log; loading still sizes the scratch from
+    the engines themselves."""
+    sizes, unknown = [0], []
+    for info in plans.values():
+        recorded = info.versions.get("context_memory")
+        if isinstance(recorded, list) and all(isinstance(x, int) for x in recorded):
+            sizes += recorded
+        else:
+            unknown.append(str(info.manifest))
+    if unknown:
+        log.warning("%d plan manifests record no context memory (built before gdn-trt recorded it; rebuild to "
+                    "count it in the memory plan): %s", len(unknown), ", ".join(unknown[:3]))
+    return max(sizes)
 
 
 def bind_inputs(call: LayerCall, spec: GraphSpec) -> dict[str, torch.Tensor]:

@@ -169,8 +169,9 @@ def lora_slot_bytes(cfg: GdnConfig, lora: LoraLimits, act_dtype: str) -> int:
     return sum(per * (s.in_dim + s.out_dim) for i in cfg.gdn_layer_ids for s in lora.layer_sites(cfg, i))
 
 
-def plan(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool) -> Budget:
-    """The memory plan of a session over `cfg`'s GDN layers at `limits`, activations in `act_dtype`."""
+def plan(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, trt_context: int = 0) -> Budget:
+    """The memory plan of a session over `cfg`'s GDN layers at `limits`, activations in `act_dtype`;
+    `trt_context`: the TensorRT plans' shared context memory (`backends.trt_context_budget`), 0 without them."""
     a, per_slot, per_tok = _ITEMSIZE[act_dtype], slot_bytes(cfg, act_dtype), token_activation_bytes(cfg, act_dtype)
     b = Budget(cfg, limits)
     b.rows.append(BudgetRow("weights", weight_bytes(cfg, act_dtype), 0, ()))
@@ -191,6 +192,8 @@ def plan(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool) ->
         b.rows.append(BudgetRow(f"LoRA slots ({limits.lora.max_adapters} adapters x rank {limits.lora.max_rank})",
                                 lora_slot_bytes(cfg, limits.lora, act_dtype), 0,
                                 ("lora.max_adapters", "lora.max_rank")))
+    if trt_context:
+        b.rows.append(BudgetRow("TensorRT context memory (one scratch, every plan)", trt_context, 0, ()))
     ple = [i for i in cfg.gdn_layer_ids if cfg.has_ple(i)]
     if ple:
         row = cfg.ple_embed_dim * a

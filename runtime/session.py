@@ -41,7 +41,7 @@ from ..model.ngram import NgramTable
 from ..model.peft import load_adapter
 from ..model.state import BufferSpec
 from .adapters import AdapterError, AdapterSlots
-from .backends import Engine, PlanMatch, build_engines
+from .backends import Engine, PlanMatch, build_engines, trt_context_budget
 from .graphs import GraphCache
 from .plan import RuntimeLimits, available_memory, plan
 from .select import GraphPolicy, SessionStats, Selector
@@ -191,10 +191,11 @@ class Session:
         ckpt, tmp = load_source(checkpoint_or_preset, options.seed)
         cfg = ckpt.config
         dtype = options.dtype or act_dtype(cfg, dev)
-        budget = plan(cfg, options.limits, str(dtype).replace("torch.", ""), options.graphs and dev.type == "cuda")
+        act, match = str(dtype).replace("torch.", ""), PlanMatch(options.limits.lora, ckpt.merged_adapter)
+        budget = plan(cfg, options.limits, act, options.graphs and dev.type == "cuda",
+                      trt_context_budget(backend, engines_dir, dev, cfg, act, match))
         budget.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
         layers = [GdnLayer(cfg, lw, dtype).to(dev) for lw in ckpt.layers]
-        match = PlanMatch(options.limits.lora, ckpt.merged_adapter)
         engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs, match)
         feeds = PleFeeds(cfg, ckpt.ple_tables, options.limits, dev) if cfg.ple_layer_ids else None
         sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype), options)

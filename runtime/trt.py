@@ -3,55 +3,92 @@
 Imports tensorrt, so it is imported only where TensorRT exists (`backends.build_engines` decides). Per plan:
 - the engine's I/O names and dtypes are checked against the `GraphSpec` of its manifest (missing and extra named);
 - one execution context per optimization profile (profile k = GraphSpec bucket k), so shapes inside a bucket never
-  switch profiles and a CUDA-graph capture of a bucket keeps its context;
-- at run time every input is bound to the runtime's tensor (activations, packing, pools, stash or capture, LoRA
-  slot index and adapter slots; `backends.bind_inputs`), the activation outputs to fresh tensors, and every
-  aliased output (`<buffer>_out`) to the address of the input it updates, so the pools are written in place;
-  then `execute_async_v3` on the step's stream.
+  switch profiles and a CUDA-graph capture of a bucket keeps its context. The contexts hold no memory of their own
+  (`ExecutionContextAllocationStrategy.USER_MANAGED`, TensorRT >= 10.0): every context of every layer and mode runs
+  on one device scratch (`ContextMemory`) sized by the largest `get_device_memory_size_for_profile_v2` over all
+  plans. The layers run in turn on one stream, so no two contexts use it at once; the default (STATIC) would give
+  each of the hundreds of contexts of a real model (36 GDN layers x 6 modes x buckets) the memory of its engine's
+  largest profile;
+- each profile is set once at load with `set_optimization_profile_async` on the stream the session steps on (the
+  current stream of the device), whose return value is checked, and that stream is synchronised once (CUDA-graph
+  warm-ups run on a side stream);
+- at run time every input is bound to the runtime's tensor (`backends.bind_inputs`) after `set_input_shape`
+  (checked: a shape outside the profile is an error naming the tensor), the activation outputs to fresh tensors,
+  and each aliased output (`<buffer>_out`) either to the address of the input it updates (in place) or, where the
+  plan does not confirm the alias, to a buffer of its own that is copied into the runtime's buffer after the step
+  (`backends.in_place_outputs`: TensorRT >= 10.15 answers through `get_aliased_input_tensor`; older TensorRT has no
+  way to confirm it, so the copy is taken there); then `execute_async_v3` on the step's stream.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 
 import tensorrt as trt
 import torch
 from torch import Tensor
 
+from ..export.build import context_memory
 from ..export.spec import GraphSpec
 from ..model.config import GdnConfig
 from ..model.modes import LayerMode
 from ..model.state import StepOutput
-from .backends import Engine, LayerCall, PlanInfo, PlanMatch, bind_inputs, find_plans
+from .backends import Engine, LayerCall, PlanMatch, bind_inputs, find_plans, in_place_outputs
 
 log = logging.getLogger("gdn_trt.runtime")
 _LOGGER = trt.Logger(trt.Logger.WARNING)
 _TRT_DTYPES = {trt.float32: "float32", trt.float16: "float16", trt.bfloat16: "bfloat16", trt.int32: "int32"}
 
 
+class ContextMemory:
+    """One device scratch for the execution contexts of every plan of a session. `nbytes` = the largest context
+    memory of any plan's profile (torch's allocations are 512-byte aligned; TensorRT needs 256)."""
+
+    def __init__(self, nbytes: int, device: torch.device):
+        self.nbytes = int(nbytes)
+        self.buf = torch.empty(max(self.nbytes, 1), dtype=torch.uint8, device=device)
+
+    def attach(self, ctx) -> None:
+        if hasattr(ctx, "set_device_memory"):  # (ptr, size): TensorRT >= 10.1
+            ctx.set_device_memory(self.buf.data_ptr(), self.nbytes)
+        else:
+            ctx.device_memory = self.buf.data_ptr()
+
+
+@dataclass(frozen=True)
+class LoadedPlan:
+    """A deserialised plan: the engine (kept with its runtime), its GraphSpec, and the aliased outputs the plan
+    confirms (bound in place; the others are copied back)."""
+
+    engine: object
+    runtime: object
+    spec: GraphSpec
+    path: Path
+    in_place: frozenset[str]
+
+
+def load_plan(runtime, path: Path, spec: GraphSpec, versions: dict) -> LoadedPlan:
+    engine = runtime.deserialize_cuda_engine(path.read_bytes())
+    if engine is None:
+        raise RuntimeError(f"{path}: TensorRT could not deserialize the plan (TensorRT or plugin version mismatch? "
+                           f"manifest: {versions})")
+    _check_bindings(engine, spec, path)
+    return LoadedPlan(engine, runtime, spec, path, in_place_outputs(engine, spec))
+
+
 class TrtEngine(Engine):
     """Plans of one layer, by mode. `pool_rows` is the session's slot count (the S of every pool binding)."""
 
-    def __init__(self, layer_idx: int, plans: dict[LayerMode, PlanInfo], device: torch.device, pool_rows: int):
-        self.layer_idx, self.device, self.pool_rows, self.name = layer_idx, torch.device(device), pool_rows, "trt"
-        runtime = trt.Runtime(_LOGGER)
-        self.specs: dict[LayerMode, GraphSpec] = {}
-        self.contexts: dict[LayerMode, list] = {}
-        self._engines = {}
-        for mode, info in plans.items():
-            engine = runtime.deserialize_cuda_engine(info.plan.read_bytes())
-            if engine is None:
-                raise RuntimeError(f"{info.plan}: TensorRT could not deserialize the plan (TensorRT or plugin "
-                                   f"version mismatch? manifest: {info.versions})")
-            _check_bindings(engine, info.spec, info.plan)
-            self._engines[mode], self.specs[mode] = engine, info.spec
-            self.contexts[mode] = [self._context(engine, k) for k in range(engine.num_optimization_profiles)]
-
-    @staticmethod
-    def _context(engine, profile: int):
-        ctx = engine.create_execution_context()
-        ctx.set_optimization_profile_async(profile, torch.cuda.current_stream().cuda_stream)
-        return ctx
+    def __init__(self, layer_idx: int, plans: dict[LayerMode, LoadedPlan], memory: ContextMemory, pool_rows: int):
+        self.layer_idx, self.device, self.pool_rows, self.name = layer_idx, memory.buf.device, pool_rows, "trt"
+        self.plans = plans
+        self.specs: dict[LayerMode, GraphSpec] = {mode: p.spec for mode, p in plans.items()}
+        stream = torch.cuda.current_stream(self.device)
+        self.contexts = {mode: [_context(p, k, memory, stream) for k in range(p.engine.num_optimization_profiles)]
+                         for mode, p in plans.items()}
+        stream.synchronize()
 
     def modes(self) -> tuple[LayerMode, ...]:
         return tuple(self.specs)
@@ -70,28 +107,51 @@ class TrtEngine(Engine):
         return None
 
     def run(self, call: LayerCall, stream: torch.cuda.Stream | None) -> StepOutput:
-        spec = self.specs[call.mode]
+        plan, spec = self.plans[call.mode], self.specs[call.mode]
         T, N = call.step.x.shape[0], call.step.pack.num_seqs
-        ctx = self.contexts[call.mode][spec.bucket_for(self._sizes(call.mode, N, T))]
+        bucket = spec.bucket_for(self._sizes(call.mode, N, T))
+        ctx = self.contexts[call.mode][bucket]
         inputs = bind_inputs(call, spec)
         for t in spec.inputs:
             x = inputs[t.name]
-            ctx.set_input_shape(t.name, tuple(x.shape))
-            ctx.set_tensor_address(t.name, x.data_ptr())
-        outs: dict[str, Tensor] = {}
-        for t in spec.outputs:
-            if t.aliases:
-                outs[t.name] = inputs[t.aliases]  # updated in place: same address as the input
-            else:
-                shape = tuple(ctx.get_tensor_shape(t.name))
-                outs[t.name] = torch.empty(shape, dtype=t.torch_dtype, device=self.device)
-            ctx.set_tensor_address(t.name, outs[t.name].data_ptr())
+            if not ctx.set_input_shape(t.name, tuple(x.shape)):
+                raise ValueError(f"{plan.path}: input {t.name} shape {tuple(x.shape)} is outside profile {bucket}")
+            _address(ctx, t.name, x)
         s = stream or torch.cuda.current_stream(self.device)
-        if not ctx.execute_async_v3(s.cuda_stream):
-            raise RuntimeError(f"TensorRT execute_async_v3 failed: layer {self.layer_idx} {call.mode.value}")
+        outs: dict[str, Tensor] = {}
+        copies: list[tuple[Tensor, Tensor]] = []
+        with torch.cuda.stream(s):  # buffers allocated here belong to the step's stream
+            for t in spec.outputs:
+                if t.name in plan.in_place:
+                    outs[t.name] = inputs[t.aliases]  # updated in place: same address as the input
+                else:
+                    shape = tuple(ctx.get_tensor_shape(t.name))
+                    outs[t.name] = torch.empty(shape, dtype=t.torch_dtype, device=self.device)
+                    if t.aliases:
+                        copies.append((inputs[t.aliases], outs[t.name]))
+                _address(ctx, t.name, outs[t.name])
+            if not ctx.execute_async_v3(s.cuda_stream):
+                raise RuntimeError(f"TensorRT execute_async_v3 failed: layer {self.layer_idx} {call.mode.value}")
+            for dst, src in copies:
+                dst.copy_(src)
         if "streams_out" in outs:
             return StepOutput(outs["streams_out"])
         return StepOutput(outs["x_out"], outs["residual_out"])
+
+
+def _context(plan: LoadedPlan, profile: int, memory: ContextMemory, stream: torch.cuda.Stream):
+    ctx = plan.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+    if ctx is None:
+        raise RuntimeError(f"{plan.path}: TensorRT could not create an execution context")
+    memory.attach(ctx)
+    if not ctx.set_optimization_profile_async(profile, stream.cuda_stream):
+        raise RuntimeError(f"{plan.path}: TensorRT refused optimization profile {profile}")
+    return ctx
+
+
+def _address(ctx, name: str, t: Tensor) -> None:
+    if not ctx.set_tensor_address(name, t.data_ptr()):
+        raise RuntimeError(f"TensorRT refused the address of {name} ({tuple(t.shape)} {t.dtype})")
 
 
 def _check_bindings(engine, spec: GraphSpec, path) -> None:
@@ -107,13 +167,28 @@ def _check_bindings(engine, spec: GraphSpec, path) -> None:
 
 def load_trt_engines(cfg: GdnConfig, engines_dir: str, device: torch.device, act_dtype: str, pool_rows: int,
                      match: PlanMatch = PlanMatch()) -> list[TrtEngine]:
-    """One `TrtEngine` per GDN layer of `cfg`, from the plans under `engines_dir` (all checked)."""
-    plans = find_plans(engines_dir, cfg, act_dtype, match)
+    """One `TrtEngine` per GDN layer of `cfg`, from the plans under `engines_dir` (all checked), every context on
+    one `ContextMemory`."""
+    runtime = trt.Runtime(_LOGGER)
+    plans = {key: load_plan(runtime, p.plan, p.spec, p.versions)
+             for key, p in find_plans(engines_dir, cfg, act_dtype, match).items()}
+    need = max(max(context_memory(p.engine), default=0) for p in plans.values())
+    memory = ContextMemory(need, torch.device(device))
+    log.info("TensorRT %s: %d plans, one context memory of %.1f MiB for all their contexts", trt.__version__,
+             len(plans), need / 2**20)
+    copied = [(key, sorted(set(p.spec.aliases) - p.in_place)) for key, p in plans.items()]
+    copied = [(key, names) for key, names in copied if names]
+    if copied:
+        (layer, mode), names = copied[0]
+        log.warning("TensorRT %s: %d of %d plans do not confirm their aliased outputs (get_aliased_input_tensor: "
+                    "TensorRT >= 10.15): those outputs get buffers of their own, copied back after each step "
+                    "(e.g. layer %d %s: %s)", trt.__version__, len(copied), len(plans), layer, mode.value,
+                    ", ".join(names))
     engines = []
     for i in cfg.gdn_layer_ids:
         mine = {mode: p for (layer, mode), p in plans.items() if layer == i}
         if not mine:
             raise FileNotFoundError(f"{engines_dir}: no plan for GDN layer {i} of {cfg.name}")
-        engines.append(TrtEngine(i, mine, device, pool_rows))
+        engines.append(TrtEngine(i, mine, memory, pool_rows))
         log.info("layer %d: TensorRT plans for %s", i, ", ".join(m.value for m in mine))
     return engines

@@ -3,12 +3,14 @@ plugin modules must register every op of the spec table (run on a TensorRT machi
 
 from __future__ import annotations
 
+import enum
 import importlib
+import types
 
 import pytest
 
 from gdn_trt.export import cli
-from gdn_trt.export.build import PLUGIN_MODULES
+from gdn_trt.export.build import PLUGIN_MODULES, PREVIEW_FEATURES, context_memory, preview_feature_set
 from gdn_trt.plugins.spec import NAMESPACE, OPS, PLUGIN_VERSION
 
 from .conftest import has_tensorrt
@@ -34,3 +36,28 @@ def test_plugin_modules_register_every_op():
     reg = trt.get_plugin_registry()
     missing = [s.name for s in OPS if reg.get_creator(s.name, PLUGIN_VERSION, NAMESPACE) is None]
     assert not missing, f"no creators for {missing}"
+
+
+class _Profiles:
+    """An engine of two profiles answering the context-memory queries of one TensorRT generation."""
+
+    num_optimization_profiles = 2
+
+    def __init__(self, call: str | None, sizes=(1000, 3000), total: int = 5000):
+        if call is not None:
+            setattr(self, call, lambda k: sizes[k])
+        self.device_memory_size_v2 = total
+
+
+def test_context_memory_per_profile_with_fallbacks():
+    assert context_memory(_Profiles("get_device_memory_size_for_profile_v2")) == [1000, 3000]
+    assert context_memory(_Profiles("get_device_memory_size_for_profile")) == [1000, 3000]
+    assert context_memory(_Profiles(None)) == [5000, 5000]
+
+
+def test_manifest_records_every_preview_feature():
+    """Polygraphy turns every preview feature it is not given off: the manifest lists them all, on and off."""
+    trt = types.SimpleNamespace(PreviewFeature=enum.Enum("PreviewFeature", PREVIEW_FEATURES + (
+        "PROFILE_SHARING_0806", "RUNTIME_ACTIVATION_RESIZE_10_10")))
+    assert preview_feature_set(trt) == {"ALIASED_PLUGIN_IO_10_03": True, "PROFILE_SHARING_0806": False,
+                                        "RUNTIME_ACTIVATION_RESIZE_10_10": False}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import typing
 
+import numpy as np
 import onnx
 import pytest
 
@@ -74,7 +75,9 @@ def test_plugin_signatures_follow_the_spec(spec):
     params = list(reg.parameters.values())
     assert [p.name for p in params] == [*spec.inputs, *spec.attrs]
     assert all(p.annotation is _Desc for p in params[:len(spec.inputs)])
-    assert all(p.annotation is int for p in params[len(spec.inputs):])
+    for p in params[len(spec.inputs):]:  # one-element int32 arrays: `int` breaks TensorRT < 11.2 on numpy >= 2.4
+        assert typing.get_origin(p.annotation) is np.ndarray, p.name
+        assert typing.get_args(typing.get_args(p.annotation)[1]) == (np.int32,), p.name
     assert all(p.default is inspect.Parameter.empty for p in params)
     assert typing.get_origin(reg.return_annotation) is tuple
     assert typing.get_args(reg.return_annotation) == (_Desc,) * len(spec.outputs)
@@ -90,3 +93,10 @@ def test_bf16_array_interface_uses_int16_with_byte_strides():
     iface = trt_common.array_interface(1234, (3, 4), (4, 1), "BF16")
     assert iface == {"shape": (3, 4), "typestr": "<i2", "data": (1234, False), "version": 3, "strides": (8, 2)}
     assert trt_common.array_interface(8, (2,), (1,), "FLOAT")["strides"] == (4,)
+
+
+def test_attr_int_reads_the_one_element_array_tensorrt_hands_over():
+    assert trt_common.attr_int(np.array([3], np.int32)) == 3
+    assert type(trt_common.attr_int(np.array([3], np.int32))) is int and trt_common.attr_int(1) == 1
+    with pytest.raises(ValueError, match="one int"):
+        trt_common.attr_int(np.array([1, 2], np.int32))

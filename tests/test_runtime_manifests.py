@@ -5,13 +5,16 @@ that needs TensorRT, see docs/tensorrt.md.)"""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
+import torch
 
 from gdn_trt.export.spec import Limits, graph_spec
 from gdn_trt.model.config import preset
 from gdn_trt.model.modes import LayerMode
-from gdn_trt.runtime.backends import PlanMismatchError, find_plans
+from gdn_trt.runtime.backends import (PlanMismatchError, find_plans, in_place_outputs, planned_context_memory,
+                                      trt_context_budget)
 
 
 def _write(root, cfg, layer, mode, dtype="float32", **extra):
@@ -62,3 +65,39 @@ def test_no_manifests_or_no_dir(tmp_path):
         find_plans(tmp_path, preset("tiny-3.5"), "float32")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         find_plans(tmp_path / "nope", preset("tiny-3.5"), "float32")
+
+
+def test_context_memory_planned_from_the_manifests(tmp_path, caplog):
+    """The shared TensorRT context scratch is the largest per-profile size any manifest records; a manifest from
+    before the field counts 0 and is named in the log."""
+    cfg = preset("tiny-3.5")
+    _write(tmp_path, cfg, 0, LayerMode.DECODE, context_memory=[4096, 1 << 20])
+    _write(tmp_path, cfg, 0, LayerMode.PREFILL, context_memory=[3 << 20])
+    assert planned_context_memory(find_plans(tmp_path, cfg, "float32")) == 3 << 20
+    old = _write(tmp_path, cfg, 2, LayerMode.DECODE)
+    with caplog.at_level(logging.WARNING, logger="gdn_trt.runtime"):
+        assert planned_context_memory(find_plans(tmp_path, cfg, "float32")) == 3 << 20
+    assert str(old) in caplog.text and "rebuild" in caplog.text
+    assert trt_context_budget("torch", str(tmp_path), torch.device("cuda"), cfg, "float32") == 0
+    assert trt_context_budget("auto", str(tmp_path), torch.device("cpu"), cfg, "float32") == 0
+
+
+class _Engine:
+    """An engine's answer to `get_aliased_input_tensor`, as TensorRT >= 10.15 gives it (input name or None)."""
+
+    def __init__(self, answers: dict):
+        self.answers = answers
+
+    def get_aliased_input_tensor(self, name):
+        return self.answers.get(name)
+
+
+def test_in_place_only_where_the_engine_confirms_the_alias():
+    spec = graph_spec(preset("tiny-3.5"), 0, LayerMode.PREFILL, Limits(), "float32")
+    aliases = spec.aliases
+    assert len(aliases) >= 2
+    first, *rest = sorted(aliases)
+    assert in_place_outputs(_Engine(aliases), spec) == frozenset(aliases)
+    assert in_place_outputs(_Engine({first: aliases[first]}), spec) == frozenset({first})
+    assert in_place_outputs(_Engine({n: "x" for n in aliases}), spec) == frozenset(), "another input: refused"
+    assert in_place_outputs(object(), spec) == frozenset(), "TensorRT < 10.15 cannot confirm: nothing in place"

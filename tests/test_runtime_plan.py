@@ -85,3 +85,12 @@ def test_act_dtype_halves_the_conv_state():
     conv = len(cfg.gdn_layer_ids) * cfg.conv_state_shape[0] * cfg.conv_state_shape[1]
     assert f32 - bf16 == conv * 2  # the recurrent state stays fp32 whatever the activations
     assert torch.float32.itemsize == 4
+
+
+def test_trt_context_memory_is_a_row_of_the_plan():
+    cfg, limits = preset("tiny-3.5"), P.RuntimeLimits(max_seqs=4)
+    base = P.plan(cfg, limits, "float32", graphs=False)
+    with_trt = P.plan(cfg, limits, "float32", graphs=False, trt_context=7 << 20)
+    assert with_trt.device_total - base.device_total == 7 << 20
+    assert [r.item for r in with_trt.rows if r.item.startswith("TensorRT")] == [
+        "TensorRT context memory (one scratch, every plan)"]

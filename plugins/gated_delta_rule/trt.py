@@ -6,10 +6,11 @@ its `OpSpec`: output `o` [T, HV, V] in the dtype of q, then the pool / stash / c
 inputs (the builder enables `ALIASED_PLUGIN_IO_10_03`). The impl runs the Triton entry points of `triton.py` on
 TensorRT's stream, updating the aliased buffers in place.
 
-No `@aot_impl` yet: an AOT plugin is one PTX kernel per op with int32 scalar arguments only. The chunked op launches
-three kernels (prep, sequential state pass, output), so it cannot be one; the recurrent ops are one kernel each and
-are candidates once their kernels are compiled ahead of time with `triton.compile` (an open item of
-docs/tensorrt.md, with the hidden scratch arguments of recent Triton to check on the device).
+No `@aot_impl` yet: an AOT plugin (TensorRT >= 10.9) is one PTX kernel per op whose parameters are the input
+pointers, then int32 scalars only, then the output pointers. The chunked op launches four kernels, so it cannot be
+one; the recurrent ops are one kernel each and are candidates once a wrapper kernel takes that parameter order
+with the fp32 `scale` as a constexpr, both Triton scratch sizes are 0 and the PTX version fits the driver (the
+full list: docs/tensorrt.md, open item 5).
 """
 
 from __future__ import annotations

@@ -1,0 +1,79 @@
+"""The TensorRT selftest (`python -m gdn_trt.runtime.selftest`) without TensorRT: it exits 2 naming what is missing
+and writes nothing; its one-node graphs are valid ONNX that ONNX Runtime runs (the function body) to the float64
+reference; its copy arithmetic and nsys table reader. The selftest itself runs on a TensorRT machine only."""
+
+from __future__ import annotations
+
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from gdn_trt.plugins.gated_delta_rule import naive
+from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
+from gdn_trt.plugins.packing import Packing
+from gdn_trt.plugins.spec import CONV_UPDATE, GDN_RECURRENT, NAMESPACE
+from gdn_trt.runtime import selftest
+
+from .conftest import has_tensorrt
+from .tolerances import assert_close, tol
+
+
+@pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed: the selftest runs instead")
+def test_without_tensorrt_it_exits_2_and_says_what_is_missing(tmp_path, capsys):
+    assert selftest.main(["--out", str(tmp_path / "st")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run" in err and "import tensorrt" in err and "pip install" in err
+    assert not (tmp_path / "st").exists(), "nothing may look measured"
+
+
+def test_gdn_one_node_graph_runs_its_function_body_to_the_reference():
+    H, K, HV, V, S = 2, 8, 4, 8, 6
+    g = torch.Generator().manual_seed(0)
+    feeds = {"q": torch.randn(3, H, K, generator=g), "k": torch.randn(3, H, K, generator=g),
+             "v": torch.randn(3, HV, V, generator=g), "a": torch.randn(3, HV, generator=g),
+             "b": torch.randn(3, HV, generator=g), "A_log": torch.rand(HV, generator=g),
+             "dt_bias": torch.randn(HV, generator=g), "cu_seqlens": torch.arange(4, dtype=torch.int32),
+             "slots": torch.tensor([4, 0, 2], dtype=torch.int32), "ssm_pool": torch.randn(S, HV, K, V, generator=g)}
+    model = selftest.one_op_model(GDN_RECURRENT, feeds, {})
+    onnx.checker.check_model(model, full_check=True)
+    (node,) = model.graph.node
+    assert (node.op_type, node.domain) == (GDN_RECURRENT.name, NAMESPACE)
+    assert [list(d.dim_value for d in o.type.tensor_type.shape.dim) for o in model.graph.output] == [
+        [3, HV, V], [S, HV, K, V]]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    o, pool = sess.run(None, {n: t.numpy() for n, t in feeds.items()})
+    ref_pool = feeds["ssm_pool"].double().clone()
+    x = GdnInputs(*(feeds[n].double() for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias")))
+    ref_o = naive.recurrent(x, Packing(feeds["cu_seqlens"], feeds["slots"]), ref_pool)
+    assert_close("o", ref_o, torch.from_numpy(o), tol(torch.float32))
+    assert_close("ssm_pool_out", ref_pool, torch.from_numpy(pool), tol(torch.float32))
+    untouched = [1, 3, 5]
+    assert torch.equal(torch.from_numpy(pool)[untouched], feeds["ssm_pool"][untouched]), "rows of no slot changed"
+
+
+def test_conv_one_node_graph_carries_int_attributes():
+    feeds = {"x": torch.randn(2, 6).bfloat16(), "weight": torch.randn(6, 4).bfloat16(),
+             "cu_seqlens": torch.arange(3, dtype=torch.int32), "slots": torch.tensor([1, 0], dtype=torch.int32),
+             "conv_pool": torch.randn(3, 6, 6).bfloat16()}
+    model = selftest.one_op_model(CONV_UPDATE, feeds, {"dilation": 2, "activation": 1})
+    onnx.checker.check_model(model)
+    attrs = {a.name: a for a in model.graph.node[0].attribute}
+    assert (attrs["dilation"].type, attrs["dilation"].i, attrs["activation"].i) == (onnx.AttributeProto.INT, 2, 1)
+    assert [o.type.tensor_type.elem_type for o in model.graph.output] == [onnx.TensorProto.BFLOAT16] * 2
+
+
+def test_copies_per_step_in_pool_copies():
+    assert selftest.copies_per_step(in_place_us=180.0, kernel_us=100.0, copy_us=80.0) == 1.0
+    assert selftest.copies_per_step(in_place_us=104.0, kernel_us=100.0, copy_us=80.0) == 0.05
+    assert selftest.copies_per_step(in_place_us=95.0, kernel_us=100.0, copy_us=80.0) == 0.0
+
+
+def test_nsys_csv_rows_after_the_preamble():
+    text = ("Processing [/tmp/x.sqlite] with [cuda_gpu_mem_size_sum.py]...\n"
+            "Total (MB),Count,Avg (MB),Med (MB),Min (MB),Max (MB),StdDev (MB),Operation\n"
+            "6815.744,50,136.315,136.315,136.315,136.315,0.000,[CUDA memcpy Device-to-Device]\n")
+    assert selftest._csv_rows(text) == [{"Total (MB)": "6815.744", "Count": "50", "Avg (MB)": "136.315",
+                                         "Med (MB)": "136.315", "Min (MB)": "136.315", "Max (MB)": "136.315",
+                                         "StdDev (MB)": "0.000", "Operation": "[CUDA memcpy Device-to-Device]"}]
+    assert selftest._csv_rows("no table\n") == []
