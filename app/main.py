@@ -27,7 +27,7 @@ from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
 from gdn_trt.model.config import DEFAULT_HC_PRESET, DEFAULT_PRESET
 from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.peft import SyntheticAdapter, load_adapter, make_synthetic_adapter
-from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.session import Session, SessionOptions
 
 from .scenario import run_scenario

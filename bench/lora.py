@@ -42,7 +42,7 @@ from common import RESULTS, device_info, write_results  # noqa: E402
 from gdn_trt.model.config import PRESETS, GdnConfig
 from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.peft import SyntheticAdapter, make_synthetic_adapter
-from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.session import Prompt, Session, SessionOptions
 
 NS = (1, 8, 64, 256)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, run
 from common import RESULTS, device_info, write_results  # noqa: E402
 
 from gdn_trt.model.config import PRESETS, GdnConfig
-from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.session import Session, SessionOptions
 
 NS = (1, 8, 64, 256)

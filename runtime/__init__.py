@@ -2,11 +2,11 @@
 prefix snapshots) over a stack of GDN layers. `from gdn_trt.runtime import Session, SessionOptions, RuntimeLimits`."""
 
 _EXPORTS = {"Session": "session", "SessionOptions": "session", "Prompt": "session", "PrefillResult": "session",
-            "SequenceError": "session", "RuntimeLimits": "plan", "BudgetError": "plan", "SnapshotError": "state"}
+            "SequenceError": "session", "RuntimeLimits": "budget", "BudgetError": "budget", "SnapshotError": "state"}
 
 
 def __getattr__(name: str):
-    # lazy, so that `gdn-trt plan` and the PLE helpers do not import the whole runtime
+    # lazy, so that `gdn-trt budget` and the PLE helpers do not import the whole runtime
     if name in _EXPORTS:
         import importlib
 

@@ -43,7 +43,7 @@ from ..model.state import BufferSpec
 from .adapters import AdapterError, AdapterSlots
 from .backends import Engine, PlanMatch, build_engines
 from .graphs import GraphCache
-from .plan import RuntimeLimits, available_memory, plan
+from .budget import RuntimeLimits, available_memory, budget
 from .select import GraphPolicy, SessionStats, Selector
 from .stack import PleFeeds, Stack, StepBuffers
 from .state import Fence, SlotState, SnapshotError, StatePool
@@ -115,7 +115,7 @@ class SessionOptions:
         dtype: activation dtype; None = fp32 on the CPU, the config's dtype on CUDA.
         graphs: capture decode steps as CUDA graphs where no layer vetoes (CUDA only).
         ple_hoisted: stage PLE rows before a replay (True) or let PLE layers veto decode capture (False).
-        memory_budget: bytes the memory plan must fit; None = the device's free memory.
+        memory_budget: bytes the memory budget must fit; None = the device's free memory.
         seed: seed of the synthetic weights when the model is a preset or a config.
     """
 
@@ -180,7 +180,7 @@ class Session:
     def open(cls, checkpoint_or_preset: Source, engines_dir: str | None = None, backend: str = "auto",
              device: str | torch.device | None = None, max_seqs: int | None = None,
              options: SessionOptions | None = None) -> "Session":
-        """Load the model, plan memory (fails early naming the limit to lower), build the engines and buffers."""
+        """Load the model, budget memory (fails early naming the limit to lower), build the engines and buffers."""
         options = options or SessionOptions()
         if max_seqs is not None:
             options = replace(options, limits=replace(options.limits, max_seqs=max_seqs))
@@ -191,8 +191,8 @@ class Session:
         ckpt, tmp = load_source(checkpoint_or_preset, options.seed)
         cfg = ckpt.config
         dtype = options.dtype or act_dtype(cfg, dev)
-        budget = plan(cfg, options.limits, str(dtype).replace("torch.", ""), options.graphs and dev.type == "cuda")
-        budget.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
+        need = budget(cfg, options.limits, str(dtype).replace("torch.", ""), options.graphs and dev.type == "cuda")
+        need.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
         layers = [GdnLayer(cfg, lw, dtype).to(dev) for lw in ckpt.layers]
         match = PlanMatch(options.limits.lora, ckpt.merged_adapter)
         engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs, match)

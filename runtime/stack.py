@@ -29,7 +29,7 @@ from ..model.state import BufferSpec, LayerState, StateCapture, StateStash, Step
 from ..plugins.packing import Packing
 from .adapters import AdapterSlots
 from .backends import Engine, LayerCall
-from .plan import RuntimeLimits
+from .budget import RuntimeLimits
 from .ple.prestage import Prestage, PrestageCounters
 from .state import StatePool
 

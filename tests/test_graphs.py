@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.session import Prompt, Session, SessionOptions
 
 pytestmark = pytest.mark.gpu

@@ -30,7 +30,7 @@ from gdn_trt.model.lora import LoraLimits, LoraTarget
 from gdn_trt.model.peft import SyntheticAdapter, make_synthetic_adapter
 from gdn_trt.model.state import StepInput
 from gdn_trt.runtime.backends import LayerCall, PlanMatch, PlanMismatchError, bind_inputs, find_plans
-from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.budget import RuntimeLimits
 
 from .conftest import has_tensorrt
 from .test_runtime_support import open_session

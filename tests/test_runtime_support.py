@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 import torch
 
-from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.session import Session, SessionOptions
 
 PLAIN, HC_PLE = "tiny-3.5", "tiny-4exp"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
-from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.session import Prompt, Session, SessionOptions
 
 from .tolerances import assert_close, tol

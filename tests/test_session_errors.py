@@ -11,7 +11,7 @@ import torch
 
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.runtime.backends import TorchEngine
-from gdn_trt.runtime.plan import BudgetError, RuntimeLimits
+from gdn_trt.runtime.budget import BudgetError, RuntimeLimits
 from gdn_trt.runtime.select import NoEngineError
 from gdn_trt.runtime.session import Prompt, SequenceError, Session, SessionOptions
 from gdn_trt.runtime.state import PoolFullError, SnapshotError
