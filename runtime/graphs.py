@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..model.modes import LayerMode
 from ..plugins.packing import Packing
-from .backends import Engine
+from .engine import Engine
 from .select import GraphStats, Group, Selector
 from .stack import Packed, PleFeeds, Stack, StepContext, StepRows
 

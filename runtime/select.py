@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..model.modes import LayerMode
 from .adapters import AdapterCounters
-from .backends import Engine
+from .engine import Engine
 from .ple.prestage import PrestageCounters
 
 log = logging.getLogger("gdn_trt.runtime")

@@ -41,9 +41,11 @@ from ..model.ngram import NgramTable
 from ..model.peft import load_adapter
 from ..model.state import BufferSpec
 from .adapters import AdapterError, AdapterSlots
-from .backends import Engine, PlanMatch, build_engines
-from .graphs import GraphCache
+from .backends import build_engines
 from .budget import RuntimeLimits, available_memory, budget
+from .engine import Engine
+from .graphs import GraphCache
+from .plans import PlanMatch
 from .select import GraphPolicy, SessionStats, Selector
 from .stack import PleFeeds, Stack, StepBuffers
 from .state import Fence, SlotState, SnapshotError, StatePool

@@ -28,7 +28,7 @@ from ..model.modes import LayerMode
 from ..model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
 from ..plugins.packing import Packing
 from .adapters import AdapterSlots
-from .backends import Engine, LayerCall
+from .engine import Engine, LayerCall
 from .budget import RuntimeLimits
 from .ple.prestage import Prestage, PrestageCounters
 from .state import StatePool

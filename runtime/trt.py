@@ -5,7 +5,7 @@ Imports tensorrt, so it is imported only where TensorRT exists (`backends.build_
 - one execution context per optimization profile (profile k = GraphSpec bucket k), so shapes inside a bucket never
   switch profiles and a CUDA-graph capture of a bucket keeps its context;
 - at run time every input is bound to the runtime's tensor (activations, packing, pools, stash or capture, LoRA
-  slot index and adapter slots; `backends.bind_inputs`), the activation outputs to fresh tensors, and every
+  slot index and adapter slots; `plans.bind_inputs`), the activation outputs to fresh tensors, and every
   aliased output (`<buffer>_out`) to the address of the input it updates, so the pools are written in place;
   then `execute_async_v3` on the step's stream.
 """
@@ -22,7 +22,8 @@ from ..export.spec import GraphSpec
 from ..model.config import GdnConfig
 from ..model.modes import LayerMode
 from ..model.state import StepOutput
-from .backends import Engine, LayerCall, PlanInfo, PlanMatch, bind_inputs, find_plans
+from .engine import Engine, LayerCall
+from .plans import PlanInfo, PlanMatch, bind_inputs, find_plans
 
 log = logging.getLogger("gdn_trt.runtime")
 _LOGGER = trt.Logger(trt.Logger.WARNING)

@@ -29,7 +29,8 @@ from gdn_trt.model.checkpoint import make_synthetic_checkpoint
 from gdn_trt.model.lora import LoraLimits, LoraTarget
 from gdn_trt.model.peft import SyntheticAdapter, make_synthetic_adapter
 from gdn_trt.model.state import StepInput
-from gdn_trt.runtime.backends import LayerCall, PlanMatch, PlanMismatchError, bind_inputs, find_plans
+from gdn_trt.runtime.engine import LayerCall
+from gdn_trt.runtime.plans import PlanMatch, PlanMismatchError, bind_inputs, find_plans
 from gdn_trt.runtime.budget import RuntimeLimits
 
 from .conftest import has_tensorrt

@@ -11,7 +11,7 @@ import pytest
 from gdn_trt.export.spec import Limits, graph_spec
 from gdn_trt.model.config import preset
 from gdn_trt.model.modes import LayerMode
-from gdn_trt.runtime.backends import PlanMismatchError, find_plans
+from gdn_trt.runtime.plans import PlanMismatchError, find_plans
 
 
 def _write(root, cfg, layer, mode, dtype="float32", **extra):
