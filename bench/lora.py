@@ -43,7 +43,8 @@ from gdn_trt.model.config import PRESETS, GdnConfig
 from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.peft import SyntheticAdapter, make_synthetic_adapter
 from gdn_trt.runtime.budget import RuntimeLimits
-from gdn_trt.runtime.session import Prompt, Session, SessionOptions
+from gdn_trt.runtime.seqs import Prompt
+from gdn_trt.runtime.session import Session, SessionOptions
 
 NS = (1, 8, 64, 256)
 PREFILLS = (("prefill 1x4096", (4096,)), ("prefill_varlen 16x512", (512,) * 16))

@@ -1,8 +1,8 @@
 """gdn-trt runtime: `Session` (state pools, engine selection, CUDA graphs, PLE prestage, speculative write-on-accept,
 prefix snapshots) over a stack of GDN layers. `from gdn_trt.runtime import Session, SessionOptions, RuntimeLimits`."""
 
-_EXPORTS = {"Session": "session", "SessionOptions": "session", "Prompt": "session", "PrefillResult": "session",
-            "SequenceError": "session", "RuntimeLimits": "budget", "BudgetError": "budget", "SnapshotError": "state"}
+_EXPORTS = {"Session": "session", "SessionOptions": "session", "Prompt": "seqs", "PrefillResult": "session",
+            "SequenceError": "seqs", "RuntimeLimits": "budget", "BudgetError": "budget", "SnapshotError": "state"}
 
 
 def __getattr__(name: str):

@@ -22,7 +22,6 @@ temporary directory, since the prestage memory-maps its table from a file).
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import tempfile
@@ -47,8 +46,10 @@ from .engine import Engine
 from .graphs import GraphCache
 from .plans import PlanMatch
 from .select import GraphPolicy, SessionStats, Selector
+from .seqs import Prompt, SequenceError, Sequences, StepResult
 from .stack import PleFeeds, Stack, StepBuffers
 from .state import Fence, SlotState, SnapshotError, StatePool
+from .steps import StepParts, run_step
 
 log = logging.getLogger("gdn_trt.runtime")
 
@@ -103,13 +104,6 @@ def synthetic(cfg: GdnConfig, seed: int) -> tuple[Checkpoint, tempfile.Temporary
     return Checkpoint(cfg, layers, tables, None), tmp
 
 
-class SequenceError(KeyError):
-    """An unknown or released sequence, or one in the wrong phase (e.g. an unaccepted verify)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
 @dataclass(frozen=True)
 class SessionOptions:
     """Args:
@@ -129,15 +123,6 @@ class SessionOptions:
     seed: int = 0
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One sequence's prefill: hidden `[L, stream_dim]`, token ids `[L]` (PLE models), optional capture point."""
-
-    hidden: Tensor
-    token_ids: object = None
-    capture_at: int | None = None
-
-
 @dataclass
 class PrefillResult:
     """hidden `[L, C]` (plain: after the last layer's residual add) or streams `[L, n*C]` (hc); `capture`: the
@@ -145,24 +130,6 @@ class PrefillResult:
 
     hidden: Tensor
     capture: bytes | None = None
-
-
-@dataclass
-class _Pending:
-    """An unaccepted verify: its stash rows start at `row`, `count` draft tokens, their ids (PLE)."""
-
-    epoch: int
-    row: int
-    count: int
-    ids: np.ndarray
-
-
-@dataclass
-class _Seq:
-    slot: int
-    position: int = 0
-    pending: _Pending | None = None
-    adapter: str | None = None  # the registered LoRA adapter its steps apply
 
 
 @dataclass
@@ -222,10 +189,9 @@ class Session:
         self.selector = Selector(parts.engines, policy, ple)
         self._stats = SessionStats()
         self.graphs = GraphCache(self.stack, self.selector, self._stats.graphs, self.feeds)
-        self._seqs: dict[int, _Seq] = {}
-        self._released: set[int] = set()
-        self._ids = itertools.count()
-        self._epoch = 0
+        self._seqs = Sequences()
+        self._steps = StepParts(self.cfg, self.limits, self.dtype, self.device, self._seqs, self.pool, self.stack,
+                                self.selector, self.graphs, self.feeds, self.adapters, self._stats)
         self._tmp: tempfile.TemporaryDirectory | None = None
         log.info("session: %s, %d GDN layers, %s on %s, limits %s, graphs %s, PLE %s", self.cfg.name,
                  len(self.cfg.gdn_layer_ids), str(self.dtype).replace("torch.", ""), self.device, self.limits,
@@ -243,10 +209,10 @@ class Session:
 
     def unregister_adapter(self, name: str) -> None:
         """Forget an adapter; refused while a live sequence is bound to it."""
-        self._slots().unregister(name, {s.adapter for s in self._seqs.values() if s.adapter})
+        self._slots().unregister(name, self._seqs.adapters())
 
     def adapter_of(self, seq: int) -> str | None:
-        return self._live(seq).adapter
+        return self._seqs[seq].adapter
 
     def _slots(self) -> AdapterSlots:
         if self.adapters is None:
@@ -262,24 +228,20 @@ class Session:
         """A new sequence at position 0, with a zeroed slot in every layer (and fresh PLE id carries); `adapter`:
         a registered LoRA adapter every step of the sequence applies (None = the base weights)."""
         self._check_adapter(adapter)
-        slot = self.pool.allocate()
-        seq = next(self._ids)
-        self._seqs[seq] = _Seq(slot, adapter=adapter)
-        return seq
+        return self._seqs.add(self.pool.allocate(), adapter)
 
     def release(self, seq: int) -> None:
-        s = self._live(seq)
+        s = self._seqs[seq]
         self.pool.free(s.slot)
-        del self._seqs[seq]
-        self._released.add(seq)
+        self._seqs.remove(seq)
 
     def position(self, seq: int) -> int:
         """Tokens committed to the sequence's state."""
-        return self._live(seq).position
+        return self._seqs[seq].position
 
     @property
     def sequences(self) -> list[int]:
-        return list(self._seqs)
+        return self._seqs.ids()
 
     # ---- steps ----
     def prefill(self, seq: int, hidden: Tensor, token_ids: object = None, capture_at: int | None = None
@@ -301,22 +263,20 @@ class Session:
         return self.step(verify=hidden, token_ids=token_ids).outputs
 
     def step(self, decode: dict[int, Tensor] | None = None, verify: dict[int, Tensor] | None = None,
-             prefill: dict[int, Prompt] | None = None, token_ids: dict[int, object] | None = None) -> "StepResult":
+             prefill: dict[int, Prompt] | None = None, token_ids: dict[int, object] | None = None) -> StepResult:
         """A mixed step (each sequence in one kind): validated as a whole, split into groups by kind, run."""
-        from .steps import run_step
-
-        return run_step(self, decode or {}, verify or {}, prefill or {}, token_ids or {})
+        return run_step(self._steps, decode or {}, verify or {}, prefill or {}, token_ids or {})
 
     def accept(self, counts: dict[int, int]) -> None:
         """Commit `j` of each verified sequence's draft tokens: the state after draft token j-1 is folded from the
         stash into the pools on the device (j = 0 keeps the state). Clears the pending verify."""
         checked = []
         for seq, j in counts.items():
-            s = self._live(seq)
+            s = self._seqs[seq]
             p = s.pending
             if p is None:
                 raise SequenceError(f"sequence {seq} has no verify to accept")
-            if p.epoch != self._epoch:
+            if p.epoch != self._seqs.epoch:
                 raise SequenceError(f"sequence {seq}: a later verify step overwrote its stash; verify again")
             if not isinstance(j, (int, np.integer)) or isinstance(j, bool) or not 0 <= j <= p.count:
                 raise ValueError(f"sequence {seq}: accepted count must be an int in 0..{p.count}, got {j!r}")
@@ -335,7 +295,7 @@ class Session:
     # ---- snapshots ----
     def snapshot(self, seq: int) -> bytes:
         """All of the sequence's committed state at its current token position (after its last step completed)."""
-        s = self._live(seq)
+        s = self._seqs[seq]
         blob = self.pool.encode(self.pool.read_slot(s.slot, s.position))
         self._stats.snapshots += 1
         return blob
@@ -367,18 +327,5 @@ class Session:
         return self._stats
 
     # ---- internals ----
-    def _live(self, seq: int) -> _Seq:
-        s = self._seqs.get(seq) if isinstance(seq, (int, np.integer)) and not isinstance(seq, bool) else None
-        if s is None:
-            state = "was released" if seq in self._released else "is unknown"
-            raise SequenceError(f"sequence {seq!r} {state}")
-        return s
-
     def _stream(self) -> torch.cuda.Stream | None:
-        return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-
-
-@dataclass
-class StepResult:
-    outputs: dict[int, Tensor]
-    captures: dict[int, bytes]
+        return self._steps.stream()

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from gdn_trt.runtime.budget import RuntimeLimits
-from gdn_trt.runtime.session import Prompt, Session, SessionOptions
+from gdn_trt.runtime.seqs import Prompt
+from gdn_trt.runtime.session import Session, SessionOptions
 
 pytestmark = pytest.mark.gpu
 

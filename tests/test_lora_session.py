@@ -20,7 +20,8 @@ from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.lora import LoraLimits, merge_layer
 from gdn_trt.model.peft import AdapterError, SyntheticAdapter, load_adapter, make_synthetic_adapter
 from gdn_trt.runtime.budget import RuntimeLimits, lora_slot_bytes
-from gdn_trt.runtime.session import Prompt, Session, SessionOptions, load_source
+from gdn_trt.runtime.seqs import Prompt
+from gdn_trt.runtime.session import Session, SessionOptions, load_source
 
 from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session, reference, sub, tok
 from .tolerances import assert_close, tol

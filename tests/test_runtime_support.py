@@ -75,5 +75,5 @@ def fingerprint(sess: Session) -> str:
     for seq, s in sorted(sess._seqs.items()):
         h.update(repr((seq, s.slot, s.position, None if s.pending is None else
                        (s.pending.epoch, s.pending.row, s.pending.count))).encode())
-    h.update(repr((sess.pool.free_slots, sess._epoch)).encode())
+    h.update(repr((sess.pool.free_slots, sess._seqs.epoch)).encode())
     return h.hexdigest()

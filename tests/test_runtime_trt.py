@@ -10,7 +10,8 @@ import torch
 
 from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
 from gdn_trt.runtime.budget import RuntimeLimits
-from gdn_trt.runtime.session import Prompt, Session, SessionOptions
+from gdn_trt.runtime.seqs import Prompt
+from gdn_trt.runtime.session import Session, SessionOptions
 
 from .tolerances import assert_close, tol
 

@@ -13,7 +13,7 @@ import torch
 
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.state import StepOutput
-from gdn_trt.runtime.session import Prompt
+from gdn_trt.runtime.seqs import Prompt
 from gdn_trt.runtime.stack import StepContext
 
 from .test_runtime_support import HC_PLE, PLAIN, inputs, open_session, reference, slot_state, sub, tok

@@ -13,7 +13,8 @@ from gdn_trt.model.modes import LayerMode
 from gdn_trt.runtime.backends import TorchEngine
 from gdn_trt.runtime.budget import BudgetError, RuntimeLimits
 from gdn_trt.runtime.select import NoEngineError
-from gdn_trt.runtime.session import Prompt, SequenceError, Session, SessionOptions
+from gdn_trt.runtime.seqs import Prompt, SequenceError
+from gdn_trt.runtime.session import Session, SessionOptions
 from gdn_trt.runtime.state import PoolFullError, SnapshotError
 
 from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session
