@@ -45,10 +45,12 @@ from .budget import RuntimeLimits, available_memory, budget
 from .engine import Engine
 from .graphs import GraphCache
 from .plans import PlanMatch
-from .select import GraphPolicy, SessionStats, Selector
+from .ple.feeds import PleFeeds
+from .select import GraphPolicy, Selector
 from .seqs import Prompt, SequenceError, Sequences, StepResult
-from .stack import PleFeeds, Stack, StepBuffers
+from .stack import Stack, StepBuffers
 from .state import Fence, SlotState, SnapshotError, StatePool
+from .stats import SessionStats
 from .steps import StepParts, run_step
 
 log = logging.getLogger("gdn_trt.runtime")

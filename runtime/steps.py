@@ -22,11 +22,13 @@ from gdn_trt.model.config import GdnConfig
 from .adapters import AdapterSlots
 from .budget import RuntimeLimits
 from .graphs import GraphCache
+from .ple.feeds import PleFeeds, StepRows
 from .ple.hashing import as_ids
-from .select import Group, SessionStats, Selector, StepKind, Work
+from .select import Group, Selector, StepKind, Work
 from .seqs import Pending, Prompt, Seq, SequenceError, Sequences, StepResult
-from .stack import PleFeeds, Stack, StepContext, StepRows
+from .stack import Stack, StepContext
 from .state import Fence, SlotState, StatePool
+from .stats import SessionStats
 
 
 @dataclass(frozen=True)
