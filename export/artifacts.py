@@ -20,9 +20,9 @@ import torch
 
 from ..model.checkpoint import Checkpoint
 from ..model.layer import GdnLayer
+from ..model.modes import LayerMode
 from ..model.peft import load_adapter, merge_checkpoint
 from ..plugins.spec import NAMESPACE
-from .modes import LayerMode
 from .onnx_export import export_graph
 from .spec import GraphSpec, Limits, Variant, graph_spec
 

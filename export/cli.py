@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..model.config import DEFAULT_PRESET, preset
 from ..model.lora import LoraLimits
-from .modes import LayerMode
+from ..model.modes import LayerMode
 from .spec import Limits
 
 DEFAULT_ONNX = Path("artifacts/onnx")

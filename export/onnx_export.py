@@ -23,13 +23,13 @@ from torch import Tensor, nn
 
 from ..model.layer import GdnLayer
 from ..model.lora import LoraInput, SlotWeights
+from ..model.modes import LayerMode, Writes
 from ..model.state import LayerState, StateCapture, StateStash, StepInput
 from ..plugins.causal_conv1d import onnx as conv_onnx
 from ..plugins.gated_delta_rule import onnx as gdn_onnx
 from ..plugins.onnx_common import BODY_OPSET
 from ..plugins.packing import Packing
 from ..plugins.spec import NAMESPACE
-from .modes import LayerMode
 from .spec import GraphSpec, Limits, graph_spec
 
 OPSET = BODY_OPSET
@@ -56,9 +56,9 @@ class ModeGraph(nn.Module):
                          t.get("residual"), t.get("ple_rows"), lora)
         state = LayerState(t["conv_pool"], t["ssm_pool"], t.get("ple_conv_pool"))
         extra = None
-        if mode.uses_stash:
+        if mode.spec.writes is Writes.STASH:
             extra = StateStash(t["conv_stash"], t["ssm_stash"], t.get("ple_conv_stash"))
-        elif mode.uses_capture:
+        elif mode.spec.writes is Writes.POOLS_CAPTURE:
             extra = StateCapture(t["capture_at"], t["conv_capture"], t["ssm_capture"], t.get("ple_conv_capture"))
         res = self.layer.run(mode, step, state, extra)
         out = res[0]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gdn_trt.plugins.spec import GDN_CHUNKED
+
 from .spec import GraphSpec
 
 
@@ -39,7 +41,7 @@ TOL: dict[tuple[str, str], Tol] = {
 def output_kind(spec: GraphSpec, output: str) -> str:
     if output.startswith(("conv_", "ple_conv_")):
         return "conv"
-    return "chunked" if spec.mode.chunked else "recurrent"
+    return "chunked" if spec.mode.spec.gdn is GDN_CHUNKED else "recurrent"
 
 
 def bound(spec: GraphSpec, output: str) -> Tol:

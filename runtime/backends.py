@@ -31,11 +31,7 @@ class TorchEngine(Engine):
         return tuple(LayerMode)
 
     def refuse(self, mode: LayerMode, seqs: int, tokens: int) -> str | None:
-        if mode.single_sequence and seqs != 1:
-            return f"{mode.value} takes one sequence, the step has {seqs}"
-        if mode.one_token_per_sequence and tokens != seqs:
-            return f"{mode.value} takes one token per sequence ({tokens} tokens, {seqs} sequences)"
-        return None
+        return mode.refuse(seqs, tokens)
 
     def run(self, call: LayerCall, stream: torch.cuda.Stream | None) -> StepOutput:
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()

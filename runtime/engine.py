@@ -49,8 +49,4 @@ class Engine(abc.ABC):
         """Why a step of this engine in `mode` cannot be captured in a CUDA graph (None = it can)."""
         if self.device.type != "cuda":
             return f"{self.name} runs on {self.device.type}: CUDA graphs need a CUDA device"
-        if mode.chunked:
-            return "prefill token counts change every step: no static shape to capture"
-        if mode.uses_stash:
-            return "verify draft counts (0..K per sequence) change every step: no static shape to capture"
-        return None
+        return mode.spec.capture_veto

@@ -9,31 +9,13 @@ layers replay from graphs and which run eagerly. Every choice and every refusal 
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import dataclass
 
-from ..model.modes import LayerMode
+from ..model.modes import LayerMode, StepKind, candidates
 from .engine import Engine
 
 log = logging.getLogger("gdn_trt.runtime")
-
-
-class StepKind(str, enum.Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    VERIFY = "verify"
-
-
-_CANDIDATES = {
-    # (kind, single sequence?) -> modes in preference order
-    (StepKind.DECODE, True): (LayerMode.DECODE, LayerMode.DECODE_MULTI_SEQ),
-    (StepKind.DECODE, False): (LayerMode.DECODE_MULTI_SEQ,),
-    (StepKind.VERIFY, True): (LayerMode.DECODE_BATCHED, LayerMode.VERIFY_MULTI),
-    (StepKind.VERIFY, False): (LayerMode.VERIFY_MULTI,),
-    (StepKind.PREFILL, True): (LayerMode.PREFILL, LayerMode.PREFILL_VARLEN),
-    (StepKind.PREFILL, False): (LayerMode.PREFILL_VARLEN,),
-}
 
 
 class NoEngineError(ValueError):
@@ -133,7 +115,7 @@ class Selector:
 
     def _choose(self, kind: StepKind, work: tuple[Work, ...], n: int, tokens: int) -> Group:
         refusals = []
-        for mode in _CANDIDATES[(kind, n == 1)]:
+        for mode in candidates(kind, n == 1):
             bucket = self._bucket(mode, n)
             rows = bucket or n
             chosen = []
@@ -165,12 +147,12 @@ class Selector:
 
     def _bucket(self, mode: LayerMode, n: int) -> int | None:
         """The graph bucket of a decode group of n sequences, or None when it runs eagerly (logged once)."""
-        if not mode.one_token_per_sequence:
+        if not mode.spec.one_token_per_sequence:
             return None
         if not self.policy.enabled:
             self.say("CUDA graphs off: every step runs eagerly")
             return None
-        if mode is LayerMode.DECODE:
+        if mode.spec.single_sequence:
             return 1
         fits = [b for b in self.policy.buckets if b >= n]
         if not fits:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..model.config import GdnConfig
-from ..model.modes import LayerMode
+from ..model.modes import LayerMode, Writes
 from ..model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
 from ..plugins.packing import Packing
 from .adapters import AdapterSlots
@@ -93,9 +93,10 @@ class Stack:
 
     def extra(self, mode: LayerMode, layer_idx: int, tokens: int, capture_at: Tensor | None
               ) -> StateStash | StateCapture | None:
-        if mode.uses_stash:
+        writes = mode.spec.writes
+        if writes is Writes.STASH:
             return self.buffers.stash_view(layer_idx, tokens)
-        if mode.chunked:
+        if writes is Writes.POOLS_CAPTURE:
             return self.buffers.capture_view(layer_idx, capture_at)
         return None
 

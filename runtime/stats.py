@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from gdn_trt.model.modes import StepKind
+
 from .adapters import AdapterCounters
 from .ple.prestage import PrestageCounters
-from .select import Group, StepKind
+from .select import Group
 
 
 @dataclass

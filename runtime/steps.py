@@ -18,13 +18,14 @@ import torch
 from torch import Tensor
 
 from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.modes import StepKind
 
 from .adapters import AdapterSlots
 from .budget import RuntimeLimits
 from .graphs import GraphCache
 from .ple.feeds import PleFeeds, StepRows
 from .ple.hashing import as_ids
-from .select import Group, Selector, StepKind, Work
+from .select import Group, Selector, Work
 from .seqs import Pending, Prompt, Seq, SequenceError, Sequences, StepResult
 from .stack import Stack, StepContext
 from .state import Fence, SlotState, StatePool

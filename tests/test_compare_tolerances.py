@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from gdn_trt.export import tolerances as compare_tol
-from gdn_trt.export.modes import LayerMode
+from gdn_trt.model.modes import LayerMode
 from gdn_trt.export.spec import Limits, graph_spec
 from gdn_trt.model.config import preset
 
