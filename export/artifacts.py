@@ -19,6 +19,7 @@ import onnx
 import torch
 
 from ..model.checkpoint import Checkpoint
+from ..model.dtypes import DTYPES
 from ..model.layer import GdnLayer
 from ..model.modes import LayerMode
 from ..model.peft import load_adapter, merge_checkpoint
@@ -27,7 +28,6 @@ from .onnx_export import export_graph
 from .spec import GraphSpec, Limits, Variant, graph_spec
 
 MANIFEST = "manifest.json"
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
     by_index = {lw.index: lw for lw in ck.layers}
     records = []
     for i in plan.layer_ids(ck):
-        layer = GdnLayer(cfg, by_index[i], _TORCH_DTYPES[dtype]).eval()
+        layer = GdnLayer(cfg, by_index[i], DTYPES[dtype]).eval()
         for mode in plan.modes:
             spec = graph_spec(cfg, i, mode, plan.limits, dtype)
             path = export_graph(layer, spec, root / f"layer{i}" / f"{spec.stem}.onnx")

@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 import torch
 from torch import Tensor, nn
 
+from ..model.dtypes import dtype_name
 from ..model.layer import GdnLayer
 from ..model.lora import LoraInput, SlotWeights
 from ..model.modes import LayerMode, Writes
@@ -154,6 +155,6 @@ def export_graph(layer: GdnLayer, spec: GraphSpec, path: Path) -> Path:
 
 def export_mode(layer: GdnLayer, mode: LayerMode, out_dir: str | Path, limits: Limits = Limits()) -> Path:
     """Export one mode of `layer` to `<out_dir>/<mode>[+hc][+ple].onnx`; returns the path."""
-    act = str(layer.dtype).replace("torch.", "")
+    act = dtype_name(layer.dtype)
     spec = graph_spec(layer.cfg, layer.index, mode, limits, act)
     return export_graph(layer, spec, Path(out_dir) / f"{spec.stem}.onnx")

@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.dtypes import ACTIVATION_DTYPES, DTYPES
 from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.modes import SEQS, TOKENS, LayerMode, Split, Writes
 
 SLOTS = "S"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32}
 
 
 class Variant(str, enum.Enum):
@@ -104,7 +104,7 @@ class TensorSpec:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        return DTYPES[self.dtype]
 
     def shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
         """Concrete shape for symbol values `sizes` (e.g. {"T": 5, "N": 2, "S": 16})."""
@@ -250,7 +250,7 @@ def graph_spec(cfg: GdnConfig, layer_idx: int, mode: LayerMode, limits: Limits,
     if layer_idx not in cfg.gdn_layer_ids:
         raise ValueError(f"layer {layer_idx} is not a GDN layer of {cfg.name}; GDN layers: {cfg.gdn_layer_ids}")
     act = act_dtype or cfg.dtype
-    if act not in _DTYPES or act == "int32":
+    if act not in ACTIVATION_DTYPES:
         raise ValueError(f"activation dtype must be float32, bfloat16 or float16, got {act}")
     variant = Variant.of(cfg, layer_idx)
     T, N = mode.spec.tokens, mode.spec.seqs

@@ -8,7 +8,7 @@ and ONNX export share one code path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import torch
 import torch.nn.functional as F

@@ -10,6 +10,7 @@ import logging
 
 import torch
 
+from gdn_trt.model.dtypes import dtype_name
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.state import StepOutput
@@ -73,7 +74,7 @@ def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None,
         return torch_engines
     from .trt import load_trt_engines  # imports tensorrt
 
-    act = str(layers[0].dtype).replace("torch.", "")
+    act = dtype_name(layers[0].dtype)
     trt_engines = load_trt_engines(layers[0].cfg, engines_dir, device, act, pool_rows, match)
     if backend == "trt":
         return [[e] for e in trt_engines]

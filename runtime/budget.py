@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.dtypes import DTYPES
 from gdn_trt.model.lora import LoraLimits
 
 GiB = 1 << 30
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class BudgetError(RuntimeError):
 
 def slot_bytes(cfg: GdnConfig, act_dtype: str) -> int:
     """Bytes of one sequence's state over all GDN layers: conv + fp32 ssm (+ PLE conv carry)."""
-    a = _ITEMSIZE[act_dtype]
+    a = DTYPES[act_dtype].itemsize
     total = 0
     for i in cfg.gdn_layer_ids:
         total += _prod(cfg.conv_state_shape) * a + _prod(cfg.ssm_state_shape) * max(4, a)
@@ -135,7 +135,7 @@ def slot_bytes(cfg: GdnConfig, act_dtype: str) -> int:
 def token_activation_bytes(cfg: GdnConfig, act_dtype: str) -> int:
     """Peak activation bytes per token of one layer step (an upper estimate: every intermediate of the mixer,
     MLP and hc/PLE parts alive at once, fp32 where the ops compute in fp32)."""
-    a = _ITEMSIZE[act_dtype]
+    a = DTYPES[act_dtype].itemsize
     acts = 4 * cfg.stream_dim + cfg.in_proj_dim + 2 * cfg.conv_dim + 3 * cfg.value_dim + 3 * cfg.intermediate_size
     fp32 = 2 * cfg.key_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads
     if cfg.ple_layer_ids:
@@ -145,7 +145,7 @@ def token_activation_bytes(cfg: GdnConfig, act_dtype: str) -> int:
 
 def weight_bytes(cfg: GdnConfig, act_dtype: str) -> int:
     """Parameter bytes of the GDN layers (gate parameters A_log / dt_bias in fp32)."""
-    a, C, HV, nC = _ITEMSIZE[act_dtype], cfg.hidden_size, cfg.linear_num_value_heads, cfg.stream_dim
+    a, C, HV, nC = DTYPES[act_dtype].itemsize, cfg.hidden_size, cfg.linear_num_value_heads, cfg.stream_dim
     total = 0
     for i in cfg.gdn_layer_ids:
         n = cfg.in_proj_dim * C + cfg.conv_dim * cfg.linear_conv_kernel_dim + cfg.linear_value_head_dim
@@ -165,13 +165,13 @@ def weight_bytes(cfg: GdnConfig, act_dtype: str) -> int:
 def lora_slot_bytes(cfg: GdnConfig, lora: LoraLimits, act_dtype: str) -> int:
     """Device bytes of the adapter slots: per layer and target, L x R x (in + out) values. (The registered
     adapters live on the host, one padded copy each, sized by the adapters, not by the limits.)"""
-    per = lora.max_adapters * lora.max_rank * _ITEMSIZE[act_dtype]
+    per = lora.max_adapters * lora.max_rank * DTYPES[act_dtype].itemsize
     return sum(per * (s.in_dim + s.out_dim) for i in cfg.gdn_layer_ids for s in lora.layer_sites(cfg, i))
 
 
 def budget(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool) -> Budget:
     """The memory budget of a session over `cfg`'s GDN layers at `limits`, activations in `act_dtype`."""
-    a, per_slot, per_tok = _ITEMSIZE[act_dtype], slot_bytes(cfg, act_dtype), token_activation_bytes(cfg, act_dtype)
+    a, per_slot, per_tok = DTYPES[act_dtype].itemsize, slot_bytes(cfg, act_dtype), token_activation_bytes(cfg, act_dtype)
     b = Budget(cfg, limits)
     b.rows.append(BudgetRow("weights", weight_bytes(cfg, act_dtype), 0, ()))
     b.rows.append(BudgetRow(f"state pools ({limits.max_seqs} slots)", limits.max_seqs * per_slot, 0,

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ..model.checkpoint import PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer
 from ..model.config import PRESETS, GdnConfig
+from ..model.dtypes import DTYPES, dtype_name
 from ..model.layer import GdnLayer
 from ..model.lora import Adapter
 from ..model.ngram import NgramTable
@@ -56,14 +57,12 @@ from .steps import StepParts, run_step
 log = logging.getLogger("gdn_trt.runtime")
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 Source = str | Path | Checkpoint | GdnConfig
 
 
 def act_dtype(cfg: GdnConfig, device: torch.device) -> torch.dtype:
     """The activation dtype a session computes in: fp32 on the CPU (the reference ops), the config's on CUDA."""
-    return torch.float32 if device.type == "cpu" else _DTYPES[cfg.dtype]
+    return torch.float32 if device.type == "cpu" else DTYPES[cfg.dtype]
 
 
 def load_source(src: Source, seed: int = 0) -> tuple[Checkpoint, tempfile.TemporaryDirectory | None]:
@@ -85,7 +84,7 @@ def load_source(src: Source, seed: int = 0) -> tuple[Checkpoint, tempfile.Tempor
 def synthetic(cfg: GdnConfig, seed: int) -> tuple[Checkpoint, tempfile.TemporaryDirectory | None]:
     """Deterministic random weights of `cfg` in memory (the same generator as `make_synthetic_checkpoint`)."""
     gen = torch.Generator().manual_seed(seed)
-    dtype = _DTYPES[cfg.dtype]
+    dtype = DTYPES[cfg.dtype]
     layers, tables, tmp = [], {}, None
     for i in cfg.gdn_layer_ids:
         lw = random_layer(cfg, i, gen)
@@ -162,7 +161,7 @@ class Session:
         ckpt, tmp = load_source(checkpoint_or_preset, options.seed)
         cfg = ckpt.config
         dtype = options.dtype or act_dtype(cfg, dev)
-        need = budget(cfg, options.limits, str(dtype).replace("torch.", ""), options.graphs and dev.type == "cuda")
+        need = budget(cfg, options.limits, dtype_name(dtype), options.graphs and dev.type == "cuda")
         need.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
         layers = [GdnLayer(cfg, lw, dtype).to(dev) for lw in ckpt.layers]
         match = PlanMatch(options.limits.lora, ckpt.merged_adapter)
@@ -196,7 +195,7 @@ class Session:
                                 self.selector, self.graphs, self.feeds, self.adapters, self._stats)
         self._tmp: tempfile.TemporaryDirectory | None = None
         log.info("session: %s, %d GDN layers, %s on %s, limits %s, graphs %s, PLE %s", self.cfg.name,
-                 len(self.cfg.gdn_layer_ids), str(self.dtype).replace("torch.", ""), self.device, self.limits,
+                 len(self.cfg.gdn_layer_ids), dtype_name(self.dtype), self.device, self.limits,
                  "on" if graphs else "off", ("hoisted" if options.ple_hoisted else "vetoes decode capture")
                  if ple else "none")
 
