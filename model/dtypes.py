@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 
-
 def dtype_name(dtype: torch.dtype) -> str:
     """torch.bfloat16 -> "bfloat16"."""
     return str(dtype).replace("torch.", "")
