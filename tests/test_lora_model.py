@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.lora import (LoraInput, LoraLimits, LoraTarget, Proj, SlotWeights, apply_sites, build_slots,
                                 merge_layer, one_hot)
@@ -29,7 +30,7 @@ from gdn_trt.model.state import BufferSpec, LayerState, StateCapture, StateStash
 from gdn_trt.plugins.packing import Packing
 
 from .lora_support import checkpoint_with_adapters, hf_tensor, internal_index, to_f64, token_slots
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 F64 = torch.float64
 EXACT = tol(F64)

@@ -16,6 +16,7 @@ import hashlib
 import pytest
 import torch
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.lora import LoraLimits, merge_layer
 from gdn_trt.model.peft import AdapterError, SyntheticAdapter, load_adapter, make_synthetic_adapter
@@ -24,7 +25,7 @@ from gdn_trt.runtime.seqs import Prompt
 from gdn_trt.runtime.session import Session, SessionOptions, load_source
 
 from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session, reference, sub, tok
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 TOL = tol(torch.float32)
 LORA = LoraLimits(max_adapters=2, max_rank=6)

@@ -14,13 +14,14 @@ from dataclasses import fields
 import pytest
 import torch
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
 from gdn_trt.model.config import preset
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput
 from gdn_trt.plugins.packing import Packing
 
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 F64 = torch.float64
 EXACT = tol(F64)

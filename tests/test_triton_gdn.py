@@ -16,11 +16,12 @@ import pytest
 import torch
 from torch import Tensor
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.plugins.gated_delta_rule import naive
 from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
 from gdn_trt.plugins.packing import Capture, Packing
 from .kernel_support import Step, poisoned
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 POOL_ROWS = 8
 
