@@ -20,6 +20,7 @@ from pathlib import Path
 
 import onnx
 
+from ..model.errors import GdnTrtError
 from ..plugins.spec import NAMESPACE, OPS_BY_NAME, PLUGIN_VERSION
 from .artifacts import GraphRecord, Manifest
 from .spec import GraphSpec
@@ -31,7 +32,7 @@ INSTALL = ("TensorRT >= 10.8 with its Python bindings is needed (a Linux machine
            "steps are in docs/tensorrt.md")
 
 
-class TrtUnavailable(RuntimeError):
+class TrtUnavailable(GdnTrtError, RuntimeError):
     """TensorRT (or a new enough one) cannot be imported here."""
 
 

@@ -16,6 +16,7 @@ import torch
 
 from gdn_trt.model.config import GdnConfig
 from gdn_trt.model.dtypes import DTYPES
+from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.lora import LoraLimits
 
 GiB = 1 << 30
@@ -117,7 +118,7 @@ class Budget:
         return "\n".join(lines)
 
 
-class BudgetError(RuntimeError):
+class BudgetError(GdnTrtError, RuntimeError):
     """The requested limits do not fit the device; the message names the limit to lower."""
 
 

@@ -17,6 +17,7 @@ import torch
 
 from gdn_trt.export.spec import GraphSpec, Role
 from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.modes import LayerMode
 
@@ -32,7 +33,7 @@ class PlanMatch:
     merged_adapter: str | None = None
 
 
-class PlanMismatchError(ValueError):
+class PlanMismatchError(GdnTrtError, ValueError):
     """A plan under engines_dir was built for another config, dtype or layer set: rebuild it."""
 
 

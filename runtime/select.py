@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from ..model.errors import GdnTrtError
 from ..model.modes import LayerMode, StepKind, candidates
 from .engine import Engine
 
 log = logging.getLogger("gdn_trt.runtime")
 
 
-class NoEngineError(ValueError):
+class NoEngineError(GdnTrtError, ValueError):
     """No engine of some layer covers a step; the message lists every refusal."""
 
 

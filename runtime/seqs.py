@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
+from gdn_trt.model.errors import GdnTrtError
 
-class SequenceError(KeyError):
+
+class SequenceError(GdnTrtError, KeyError):
     """An unknown or released sequence, or one in the wrong phase (e.g. an unaccepted verify)."""
 
     def __str__(self) -> str:

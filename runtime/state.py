@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..model.config import GdnConfig
 from ..model.dtypes import DTYPES, dtype_name
+from ..model.errors import GdnTrtError
 from ..model.state import BufferSpec, LayerState
 
 MAGIC = b"GDNSNAP"
@@ -40,11 +41,11 @@ _PREFIX = struct.Struct("<7sBI")
 _CRC = struct.Struct("<I")
 
 
-class SnapshotError(ValueError):
+class SnapshotError(GdnTrtError, ValueError):
     """A snapshot that cannot be restored into this pool (corrupt, truncated, foreign config or layout)."""
 
 
-class PoolFullError(RuntimeError):
+class PoolFullError(GdnTrtError, RuntimeError):
     """Every slot is taken: the limit to raise is max_seqs (or release sequences first)."""
 
 
