@@ -151,7 +151,7 @@ def loop(b: Body, trip: str, body: onnx.GraphProto, carried: list[str]) -> list[
     return [outs] if len(carried) == 1 else outs
 
 
-class Packed:
+class PackingVectors:
     """The packing as per-token and per-sequence vectors, computed from values only (never as shapes: TensorRT
     would then need cu_seqlens as a shape input with value ranges in every profile). Index tensors are int64.
 
