@@ -143,8 +143,15 @@ class GdnLayer(nn.Module):
             extra: StateStash | StateCapture | None = None):
         """Any mode: returns (output, state) for decode modes, (output, stash) for verify modes and
         (output, state, capture) for prefill modes. In eager runs the returned buffers are the given ones,
-        written in place; under export they are new tensors."""
+        written in place; under export they are new tensors. Every input and buffer is checked first, so a
+        rejected step writes nothing."""
         self._check(mode, step, state, extra)
+        return self.run_impl(mode, step, state, extra)
+
+    def run_impl(self, mode: LayerMode, step: StepInput, state: LayerState,
+                 extra: StateStash | StateCapture | None = None):
+        """`run` without its checks, for a caller that validated the step at its own boundary and owns the buffers
+        (the runtime: `Session.step` checks every input, the engine selector the mode's shape rules)."""
         io = _Io(mode, step.pack, state, extra)
         io.lora = step.lora
         out = self._forward(step, io)

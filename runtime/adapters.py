@@ -134,8 +134,8 @@ class AdapterSlots:
                                "or raise the limit")
 
     def assign(self, names: set[str], stream: torch.cuda.Stream | None) -> dict[str, int]:
-        """A slot for every adapter of the step, uploading the missing ones (after `check_step`)."""
-        self.check_step(names)
+        """A slot for every adapter of the step, uploading the missing ones. Trusts `names`: the step ran
+        `check_step` on them at its boundary, before anything changed."""
         out = {}
         for n in sorted(names, key=lambda n: (n not in self._resident, n)):  # hits first: they must not be evicted
             if n in self._resident:

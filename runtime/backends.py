@@ -22,7 +22,7 @@ log = logging.getLogger("gdn_trt.runtime")
 
 
 class TorchEngine(Engine):
-    """The PyTorch layer (`GdnLayer.run`) on the CPU (reference ops) or CUDA (Triton kernels)."""
+    """The PyTorch layer (`GdnLayer.run_impl`) on the CPU (reference ops) or CUDA (Triton kernels)."""
 
     def __init__(self, layer: GdnLayer, device: torch.device):
         self.layer, self.layer_idx, self.device = layer, layer.index, torch.device(device)
@@ -37,7 +37,7 @@ class TorchEngine(Engine):
     def run(self, call: LayerCall, stream: torch.cuda.Stream | None) -> StepOutput:
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx, torch.no_grad():
-            return self.layer.run(call.mode, call.step, call.state, call.extra)[0]
+            return self.layer.run_impl(call.mode, call.step, call.state, call.extra)[0]  # checked at Session.step
 
 
 BACKENDS = ("auto", "torch", "trt")
