@@ -18,12 +18,13 @@ from typing import Callable
 import onnx
 import torch
 
-from ..model.checkpoint import Checkpoint
-from ..model.dtypes import DTYPES
-from ..model.layer import GdnLayer
-from ..model.modes import LayerMode
-from ..model.peft import load_adapter, merge_checkpoint
-from ..plugins.spec import NAMESPACE
+from gdn_trt.model.checkpoint import Checkpoint
+from gdn_trt.model.dtypes import DTYPES
+from gdn_trt.model.layer import GdnLayer
+from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.peft import load_adapter, merge_checkpoint
+from gdn_trt.plugins.spec import NAMESPACE
+
 from .onnx_export import export_graph
 from .spec import GraphSpec, Limits, Variant, graph_spec
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import onnx
 
-from ..model.errors import GdnTrtError
-from ..plugins.spec import NAMESPACE, OPS_BY_NAME, PLUGIN_VERSION
+from gdn_trt.model.errors import GdnTrtError
+from gdn_trt.plugins.spec import NAMESPACE, OPS_BY_NAME, PLUGIN_VERSION
+
 from .artifacts import GraphRecord, Manifest
 from .spec import GraphSpec
 

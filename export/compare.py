@@ -16,9 +16,10 @@ from pathlib import Path
 
 from polygraphy.comparator import Comparator
 
-from ..model.checkpoint import load_checkpoint
-from ..model.dtypes import DTYPES
-from ..model.layer import GdnLayer
+from gdn_trt.model.checkpoint import load_checkpoint
+from gdn_trt.model.dtypes import DTYPES
+from gdn_trt.model.layer import GdnLayer
+
 from .artifacts import GraphRecord, Manifest, checkpoint_path, exported_weights
 from .data import GraphData
 from .runners import TorchRunner, onnxrt_runner, trt_runner

@@ -21,16 +21,17 @@ import onnx_graphsurgeon as gs
 import torch
 from torch import Tensor, nn
 
-from ..model.dtypes import dtype_name
-from ..model.layer import GdnLayer
-from ..model.lora import LoraInput, SlotWeights
-from ..model.modes import LayerMode, Writes
-from ..model.state import LayerState, StateCapture, StateStash, StepInput
-from ..plugins.causal_conv1d import onnx as conv_onnx
-from ..plugins.gated_delta_rule import onnx as gdn_onnx
-from ..plugins.onnx_common import BODY_OPSET
-from ..plugins.packing import Packing
-from ..plugins.spec import NAMESPACE
+from gdn_trt.model.dtypes import dtype_name
+from gdn_trt.model.layer import GdnLayer
+from gdn_trt.model.lora import LoraInput, SlotWeights
+from gdn_trt.model.modes import LayerMode, Writes
+from gdn_trt.model.state import LayerState, StateCapture, StateStash, StepInput
+from gdn_trt.plugins.causal_conv1d import onnx as conv_onnx
+from gdn_trt.plugins.gated_delta_rule import onnx as gdn_onnx
+from gdn_trt.plugins.onnx_common import BODY_OPSET
+from gdn_trt.plugins.packing import Packing
+from gdn_trt.plugins.spec import NAMESPACE
+
 from .spec import GraphSpec, Limits, graph_spec
 
 OPSET = BODY_OPSET

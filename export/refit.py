@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..model.modes import LayerMode
+from gdn_trt.model.modes import LayerMode
+
 from .artifacts import Manifest
 
 

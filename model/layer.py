@@ -14,12 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..plugins.causal_conv1d import op as conv_op
-from ..plugins.causal_conv1d.io import ConvParams
-from ..plugins.gated_delta_rule import op as gdn_op
-from ..plugins.gated_delta_rule.io import GdnInputs
-from ..plugins.packing import Capture, Packing, compute_dtype
-from ..plugins.spec import Activation
+from gdn_trt.plugins.causal_conv1d import op as conv_op
+from gdn_trt.plugins.causal_conv1d.io import ConvParams
+from gdn_trt.plugins.gated_delta_rule import op as gdn_op
+from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
+from gdn_trt.plugins.packing import Capture, Packing, compute_dtype
+from gdn_trt.plugins.spec import Activation
+
 from .config import GdnConfig
 from .lora import LoraInput, Proj, Site, apply_sites, check_idx_values, check_input, one_hot, sites
 from .modes import LayerMode, Writes

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..model.config import GdnConfig
-from ..model.lora import Adapter, LoraInput, LoraLimits, LoraTarget, SlotWeights, slot_rows
-from ..model.peft import AdapterError
-from ..model.state import BufferSpec
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.lora import Adapter, LoraInput, LoraLimits, LoraTarget, SlotWeights, slot_rows
+from gdn_trt.model.peft import AdapterError
+from gdn_trt.model.state import BufferSpec
 
 __all__ = ["AdapterCounters", "AdapterError", "AdapterSlots"]
 

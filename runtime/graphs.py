@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..model.modes import LayerMode
-from ..plugins.packing import Packing
+from gdn_trt.model.modes import LayerMode
+from gdn_trt.plugins.packing import Packing
+
 from .engine import Engine
 from .ple.feeds import PleFeeds, StepRows
 from .select import Group, Selector

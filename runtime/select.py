@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..model.errors import GdnTrtError
-from ..model.modes import LayerMode, StepKind, candidates
+from gdn_trt.model.errors import GdnTrtError
+from gdn_trt.model.modes import LayerMode, StepKind, candidates
+
 from .engine import Engine
 
 log = logging.getLogger("gdn_trt.runtime")

@@ -32,14 +32,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.checkpoint import PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer
-from ..model.config import PRESETS, GdnConfig
-from ..model.dtypes import DTYPES, dtype_name
-from ..model.layer import GdnLayer
-from ..model.lora import Adapter
-from ..model.ngram import NgramTable
-from ..model.peft import load_adapter
-from ..model.state import BufferSpec
+from gdn_trt.model.checkpoint import PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer
+from gdn_trt.model.config import PRESETS, GdnConfig
+from gdn_trt.model.dtypes import DTYPES, dtype_name
+from gdn_trt.model.layer import GdnLayer
+from gdn_trt.model.lora import Adapter
+from gdn_trt.model.ngram import NgramTable
+from gdn_trt.model.peft import load_adapter
+from gdn_trt.model.state import BufferSpec
+
 from .adapters import AdapterError, AdapterSlots
 from .backends import build_engines
 from .budget import RuntimeLimits, available_memory, budget

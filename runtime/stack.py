@@ -15,10 +15,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..model.config import GdnConfig
-from ..model.modes import LayerMode, Writes
-from ..model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
-from ..plugins.packing import Packing
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.modes import LayerMode, Writes
+from gdn_trt.model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
+from gdn_trt.plugins.packing import Packing
+
 from .adapters import AdapterSlots
 from .budget import RuntimeLimits
 from .engine import Engine, LayerCall

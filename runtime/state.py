@@ -27,10 +27,10 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ..model.config import GdnConfig
-from ..model.dtypes import DTYPES, dtype_name
-from ..model.errors import GdnTrtError
-from ..model.state import BufferSpec, LayerState
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.dtypes import DTYPES, dtype_name
+from gdn_trt.model.errors import GdnTrtError
+from gdn_trt.model.state import BufferSpec, LayerState
 
 MAGIC = b"GDNSNAP"
 FORMAT_VERSION = 1

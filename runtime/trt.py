@@ -18,10 +18,11 @@ import tensorrt as trt
 import torch
 from torch import Tensor
 
-from ..export.spec import GraphSpec
-from ..model.config import GdnConfig
-from ..model.modes import LayerMode
-from ..model.state import StepOutput
+from gdn_trt.export.spec import GraphSpec
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.state import StepOutput
+
 from .engine import Engine, LayerCall
 from .plans import PlanInfo, PlanMatch, bind_inputs, find_plans
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...model.config import GdnConfig
-from ...model.ngram import NgramTable
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.ngram import NgramTable
 
 IdArray = np.ndarray  # int64
 

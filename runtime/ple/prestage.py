@@ -25,8 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...model.checkpoint import PleTable
-from ...model.config import GdnConfig
+from gdn_trt.model.checkpoint import PleTable
+from gdn_trt.model.config import GdnConfig
+
 from .hashing import NgramHasher, as_ids
 from .store import RowStore
 

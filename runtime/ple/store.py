@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...model.checkpoint import PleTable
+from gdn_trt.model.checkpoint import PleTable
 
 # raw integer dtype of each element size: numpy has no bfloat16, so rows are read as bits and viewed in torch
 _RAW = {2: np.int16, 4: np.int32}
