@@ -1,4 +1,4 @@
-"""`GraphSpec`: the I/O contract of one exported graph (DESIGN §3, §5).
+"""`GraphSpec`: the I/O contract of one exported graph.
 
 For a (config, layer, mode, limits) it declares the ordered graph inputs and outputs (name, dtype, symbolic dims,
 role), which output aliases which input, and the optimization-profile buckets (min/opt/max per symbol). The

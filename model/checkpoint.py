@@ -68,7 +68,7 @@ class Checkpoint:
     merged_adapter: str | None = None
 
 
-# ---- Qwen3-Next group interleave (reference/gdn.md §1.3) ----
+# ---- Qwen3-Next group interleave (docs/math.md#projections-of-the-three-families) ----
 def deinterleave_qkvz(w: Tensor, cfg: GdnConfig) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """`in_proj_qkvz` rows, grouped per key head as [q_g | k_g | v_g (G heads) | z_g (G heads)], -> dense Q, K, V, Z."""
     H, K, V, G = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.gva_ratio

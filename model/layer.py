@@ -212,7 +212,7 @@ class GdnLayer(nn.Module):
         return io.adapt(F.linear(act, self.mlp.down), act, self._by_proj[Proj.DOWN])
 
     def _hc_sublayer(self, streams: Tensor, hc: _Part, sublayer) -> Tensor:
-        """Qwen4-Exp gated residual around one sublayer (reference/ple_hc.md §3.4)."""
+        """Qwen4-Exp gated residual around one sublayer (docs/math.md#qwen4-exp-gated-residual-hc)."""
         n, C = self.cfg.hc_count, self.cfg.hidden_size
         T = streams.shape[0]
         hn = rms_norm_1p(streams, hc.norm, self.cfg.rms_norm_eps, group=C)
@@ -223,7 +223,8 @@ class GdnLayer(nn.Module):
         return streams + (inj[:, :, None] * y[:, None, :]).reshape(T, n * C)
 
     def _ple(self, streams: Tensor, rows: Tensor, io: _Io) -> Tensor:
-        """Qwen4-Exp PLE (reference/ple_hc.md §2.4) on gathered rows [T, heads, d_h]: returns the stream delta."""
+        """Qwen4-Exp PLE (docs/math.md#qwen4-exp-ple-hashed-n-gram-memory) on gathered rows [T, heads, d_h]: returns
+        the stream delta."""
         cfg, p = self.cfg, self.ple
         n, C, eps = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps
         T = streams.shape[0]

@@ -6,7 +6,7 @@ Every `gdn_trt` op becomes one node `gdn_trt::<name>` whose inputs, outputs and 
 `plugin_version`). Nothing else is a string: the parser turns every other attribute into a plugin field, and a
 QDP creator cannot take string fields from ONNX safely (a trailing NUL arrives with them).
 
-The recipe is the one verified with torch 2.13 / onnxscript 0.7.2 (reference/tensorrt.md §4.2a): a plain traced
+The recipe is the one verified with torch 2.13 / onnxscript 0.7.2 (on the CPU, end to end): a plain traced
 translation function calling an `onnxscript.values.Op` built from an explicit `OpSchema` (a scripted translation
 or a schema-less op fails the export), then a FunctionProto of the same (domain, name) appended to the model.
 """

@@ -16,7 +16,7 @@ from typing import Callable, Tuple
 from .spec import OpSpec
 
 # TensorRT DataType name -> (torch dtype name, __cuda_array_interface__ typestr of the same width); bf16 travels as
-# int16 because `tensorrt.plugin.Tensor.__cuda_array_interface__` refuses bf16 (reference/tensorrt.md §1.3)
+# int16 because `tensorrt.plugin.Tensor.__cuda_array_interface__` raises for bf16 (tensorrt/plugin/_tensor.py)
 _TYPES = {"FLOAT": ("float32", "<f4"), "HALF": ("float16", "<f2"), "BF16": ("bfloat16", "<i2"),
           "INT32": ("int32", "<i4"), "INT64": ("int64", "<i8")}
 ATTR_TYPE = int  # every attribute is an int: the ONNX parser turns INT attributes into INT32 plugin fields

@@ -1,4 +1,4 @@
-"""`Session`: the public runtime API (DESIGN §6) over a stack of GDN layers, owning all recurrent state.
+"""`Session`: the public runtime API over a stack of GDN layers, owning all recurrent state.
 
     sess = Session.open("tiny-3.5", device="cpu", max_seqs=8)
     seq = sess.add_sequence()                                 # a slot in every layer, zeroed

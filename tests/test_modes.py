@@ -1,4 +1,4 @@
-"""Mode equivalences of the layer (DESIGN §10.2), plain, hc and hc+PLE, float64 on the CPU.
+"""Mode equivalences of the layer, plain, hc and hc+PLE, float64 on the CPU.
 
 T x DECODE == PREFILL of T tokens; PREFILL_VARLEN == loop of PREFILL per sequence, each from its own slot;
 DECODE_MULTI_SEQ == loop of DECODE; VERIFY stash row j == state after j+1 DECODE steps (pools untouched);

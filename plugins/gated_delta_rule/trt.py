@@ -7,7 +7,7 @@ inputs (the builder enables `ALIASED_PLUGIN_IO_10_03`). The impl runs the Triton
 TensorRT's stream, updating the aliased buffers in place.
 
 No `@aot_impl` yet: an AOT plugin is one PTX kernel per op with int32 scalar arguments only. The chunked op launches
-three kernels (prep, sequential state pass, output), so it cannot be one; the recurrent ops are one kernel each and
+four kernels (solve, w/u, sequential state pass, output; `triton_chunked.py`), so it cannot be one; the recurrent ops are one kernel each and
 are candidates once their kernels are compiled ahead of time with `triton.compile` (an open item of
 docs/tensorrt.md, with the hidden scratch arguments of recent Triton to check on the device).
 """

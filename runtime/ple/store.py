@@ -2,7 +2,7 @@
 
 The table (Qwen4-Exp: 320M rows x 160, ~100 GB bf16) never has to fit in RAM: rows are read from the file
 mapping on a miss (the "NVMe fault-in") and the most recently used ones are kept in a fixed-size host cache,
-since n-gram accesses are Zipfian (reference/ple_hc.md §2.6). Addresses depend only on token ids, so a step's
+since n-gram accesses are Zipfian (docs/math.md#host-side). Addresses depend only on token ids, so a step's
 rows are all known before the layer runs and are gathered here in one call.
 
 Counting (`StoreCounters`): a `gather` is atomic. Every row reference it serves is either a hit (the row was
