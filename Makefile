@@ -17,7 +17,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -ra tests
 
 run: $(STAMP)
-	$(PY) -m gdn_trt.runtime.main
+	$(PY) -m gdn_trt.app.main
 
 clean:
 	rm -rf $(VENV) artifacts

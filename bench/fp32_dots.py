@@ -2,8 +2,8 @@
 
     python bench/fp32_dots.py [--prec tf32x3,ieee] [--heads 16,3,128,128]
 
-One varlen step of the GPU tests (tests/test_triton_gdn.py::test_prefill_varlen: lengths 1..1000 with captures,
-an empty and a padding sequence) at the given heads (H, G, K, V); per precision: the first call (Triton compiles
+One varlen step of the GPU tests (`gdn_trt.plugins.samples.VARLEN_STEP`, which tests/test_triton_gdn.py runs:
+lengths 1..1000 with captures, an empty and a padding sequence) at the given heads (H, G, K, V); per precision: the first call (Triton compiles
 the four passes for it; a fresh process, so nothing is cached in memory, and TRITON_CACHE_DIR should be empty),
 the median of 5 later calls, and the relative RMS error of o, the pool and the captures against the float64
 reference (plugins/gated_delta_rule/naive.py). Prints one line per precision as it finishes, so a run cut by a
@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the tests' input builders
 from gdn_trt.plugins.gated_delta_rule import naive
 from gdn_trt.plugins.gated_delta_rule import triton as tri
 from gdn_trt.plugins.packing import Capture, Packing
-from tests.test_triton_gdn import VARLEN_STEP as STEP  # noqa: E402
-from tests.test_triton_gdn import Heads, _f64, make_inputs  # noqa: E402
+from gdn_trt.plugins.samples import VARLEN_STEP as STEP
+from gdn_trt.plugins.samples import Heads, f64_inputs, make_inputs
 
 
 def rel_rms(ref: torch.Tensor, got: torch.Tensor) -> float:
@@ -52,7 +49,7 @@ def main() -> None:
     at = torch.tensor(STEP.capture_at, dtype=torch.int32)
     cap_ref = torch.zeros((N, *x.state_shape), dtype=torch.float64)
     pool_ref = pool.cpu().double()
-    o_ref = naive.chunked(_f64(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, Capture(at, cap_ref))
+    o_ref = naive.chunked(f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, Capture(at, cap_ref))
     live = [n for n in range(N) if STEP.slots[n] >= 0]
     rows = [STEP.slots[n] for n in live]
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)

@@ -11,14 +11,33 @@
 set -u
 OUT=${OUT:-/tmp/gdn-out}
 mkdir -p "$OUT"
+
+# Run a command in a process group of its own and stop that group, by its id, after LIMIT seconds (TERM, then KILL):
+# the command and every process it started (pytest's xdist workers), nothing else on the machine. A background job
+# of this non-interactive shell is not a group leader, so setsid makes the job's pid its group id.
+run_group() {  # run_group LIMIT CMD...
+  local limit=$1 t=0 pgid
+  shift
+  setsid "$@" &
+  pgid=$!
+  while kill -0 "$pgid" 2>/dev/null && [ "$t" -lt "$limit" ]; do sleep 1; t=$((t + 1)); done
+  if kill -0 -- "-$pgid" 2>/dev/null; then  # cut, or workers left behind by the command
+    echo "stopping process group $pgid (limit ${limit} s)" >&2
+    kill -TERM -- "-$pgid" 2>/dev/null; sleep 2; kill -KILL -- "-$pgid" 2>/dev/null
+  fi
+  wait "$pgid" 2>/dev/null
+}
+# the bench stages run under `timeout`, which signals only the process it started (and its own process group)
+
 stages=${*:-tests kernels}
 for s in $stages; do
   case $s in
-    tests)   # GPU_TESTS (paths or node ids) and GPU_K (a -k expression) narrow the selection, GPU_TEST_LIMIT (s)
-             timeout "${GPU_TEST_LIMIT:-330}" python -m pytest -v -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider --tb=short \
-               ${GPU_K:+-k "$GPU_K"} ${GPU_TESTS:-tests/} 2>&1 | grep -v "PytestBenchmarkWarning\|warner(" > "$OUT/tests.log"
-             # a cut run leaves its xdist workers running on the GPU: stop them before anything is timed
-             pkill -9 -f "pytest|sys.stdin.readline" 2>/dev/null; sleep 2
+    tests)   raw=$(mktemp)
+             # GPU_TESTS (paths or node ids) and GPU_K (a -k expression) narrow the selection, GPU_TEST_LIMIT (s)
+             # a cut run would leave its xdist workers running on the GPU: run_group stops them before anything is timed
+             run_group "${GPU_TEST_LIMIT:-330}" python -m pytest -v -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider \
+               --tb=short ${GPU_K:+-k "$GPU_K"} ${GPU_TESTS:-tests/} > "$raw" 2>&1
+             grep -v "PytestBenchmarkWarning\|warner(" "$raw" > "$OUT/tests.log"; rm -f "$raw"
              grep -E "FAILED|ERROR" "$OUT/tests.log" | head -40; tail -3 "$OUT/tests.log" ;;
     kernels) mkdir -p "$OUT/k"; timeout 300 python bench/kernels.py --out "$OUT/k" ${KERNELS_ONLY:+--only "$KERNELS_ONLY"} >> "$OUT/bench.log" 2>&1
              tail -40 "$OUT/bench.log" ;;

@@ -24,16 +24,16 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (RESULTS, copy_bandwidth, device_info, kernel_breakdown, n_sets_for, time_cuda,  # noqa: E402
+# bench/common.py: Python puts the script's folder first on sys.path (run as `python bench/<name>.py`)
+from common import (RESULTS, copy_bandwidth, device_info, kernel_breakdown, n_sets_for, time_cuda,
                     write_results)
 
-from gdn_trt.plugins.causal_conv1d import triton as conv_tri  # noqa: E402
-from gdn_trt.plugins.causal_conv1d.io import ConvParams  # noqa: E402
-from gdn_trt.plugins.gated_delta_rule import naive as gdn_naive  # noqa: E402
-from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri  # noqa: E402
-from gdn_trt.plugins.gated_delta_rule.io import GdnInputs  # noqa: E402
-from gdn_trt.plugins.packing import Capture, Packing  # noqa: E402
+from gdn_trt.plugins.causal_conv1d import triton as conv_tri
+from gdn_trt.plugins.causal_conv1d.io import ConvParams
+from gdn_trt.plugins.gated_delta_rule import naive as gdn_naive
+from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
+from gdn_trt.plugins.packing import Capture, Packing
 
 H, HV, K, V = 16, 32, 128, 128
 D_CONV, W_CONV = 2 * H * K + HV * V, 4

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -36,14 +35,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, run as `python bench/lora.py`
-from common import RESULTS, device_info, write_results  # noqa: E402
+# bench/common.py: Python puts the script's folder first on sys.path (run as `python bench/<name>.py`)
+from common import RESULTS, device_info, write_results
 
 from gdn_trt.model.config import PRESETS, GdnConfig
 from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.peft import SyntheticAdapter, make_synthetic_adapter
-from gdn_trt.runtime.plan import RuntimeLimits
-from gdn_trt.runtime.session import Prompt, Session, SessionOptions
+from gdn_trt.runtime.budget import RuntimeLimits
+from gdn_trt.runtime.seqs import Prompt
+from gdn_trt.runtime.session import Session, SessionOptions
 
 NS = (1, 8, 64, 256)
 PREFILLS = (("prefill 1x4096", (4096,)), ("prefill_varlen 16x512", (512,) * 16))

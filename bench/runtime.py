@@ -18,18 +18,17 @@ The same token ids are decoded every step, so after the first step the PLE rows 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, run as `python bench/runtime.py`
-from common import RESULTS, device_info, write_results  # noqa: E402
+# bench/common.py: Python puts the script's folder first on sys.path (run as `python bench/<name>.py`)
+from common import RESULTS, device_info, write_results
 
 from gdn_trt.model.config import PRESETS, GdnConfig
-from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.session import Session, SessionOptions
 
 NS = (1, 8, 64, 256)

@@ -18,16 +18,17 @@ from typing import Callable
 import onnx
 import torch
 
-from ..model.checkpoint import Checkpoint
-from ..model.layer import GdnLayer
-from ..model.peft import load_adapter, merge_checkpoint
-from ..plugins.spec import NAMESPACE
-from .modes import LayerMode
+from gdn_trt.model.checkpoint import Checkpoint
+from gdn_trt.model.dtypes import DTYPES
+from gdn_trt.model.layer import GdnLayer
+from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.peft import load_adapter, merge_checkpoint
+from gdn_trt.plugins.spec import NAMESPACE
+
 from .onnx_export import export_graph
 from .spec import GraphSpec, Limits, Variant, graph_spec
 
 MANIFEST = "manifest.json"
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
     by_index = {lw.index: lw for lw in ck.layers}
     records = []
     for i in plan.layer_ids(ck):
-        layer = GdnLayer(cfg, by_index[i], _TORCH_DTYPES[dtype]).eval()
+        layer = GdnLayer(cfg, by_index[i], DTYPES[dtype]).eval()
         for mode in plan.modes:
             spec = graph_spec(cfg, i, mode, plan.limits, dtype)
             path = export_graph(layer, spec, root / f"layer{i}" / f"{spec.stem}.onnx")

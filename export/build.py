@@ -26,7 +26,10 @@ from pathlib import Path
 
 import onnx
 
-from ..plugins.spec import NAMESPACE, OPS_BY_NAME, PLUGIN_VERSION
+from gdn_trt.model.errors import GdnTrtError
+from gdn_trt.plugins.spec import NAMESPACE, OPS_BY_NAME, PLUGIN_VERSION
+from gdn_trt.plugins.trt_common import context_memory
+
 from .artifacts import GraphRecord, Manifest
 from .spec import GraphSpec
 
@@ -38,7 +41,7 @@ INSTALL = ("TensorRT >= 10.8 with its Python bindings is needed (a Linux machine
            "steps are in docs/tensorrt.md")
 
 
-class TrtUnavailable(RuntimeError):
+class TrtUnavailable(GdnTrtError, RuntimeError):
     """TensorRT (or a new enough one) cannot be imported here."""
 
 
@@ -90,17 +93,6 @@ def create_config(trt, profiles: list, refittable: bool = False):
     return CreateConfig(profiles=profiles, preview_features=[getattr(trt.PreviewFeature, n) for n in PREVIEW_FEATURES],
                         refittable=refittable)
 
-
-def context_memory(engine) -> list[int]:
-    """Bytes of activation (context) memory per optimization profile: what a USER_MANAGED execution context
-    needs. `get_device_memory_size_for_profile_v2` exists from TensorRT 10.1 (every version we claim); before it,
-    `get_device_memory_size_for_profile`, and where neither exists the engine-wide size for every profile."""
-    n = engine.num_optimization_profiles
-    for name in ("get_device_memory_size_for_profile_v2", "get_device_memory_size_for_profile"):
-        if hasattr(engine, name):
-            return [int(getattr(engine, name)(k)) for k in range(n)]
-    total = getattr(engine, "device_memory_size_v2", None)
-    return [int(engine.device_memory_size if total is None else total)] * n
 
 
 def profiles(spec: GraphSpec) -> list:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..model.config import DEFAULT_PRESET, preset
-from ..model.lora import LoraLimits
-from .modes import LayerMode
+from gdn_trt.model.config import DEFAULT_PRESET, preset
+from gdn_trt.model.lora import LoraLimits
+from gdn_trt.model.modes import LayerMode
+
 from .spec import Limits
 
 DEFAULT_ONNX = Path("artifacts/onnx")
@@ -89,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_export(args) -> int:
-    from ..model.checkpoint import load_checkpoint, make_synthetic_checkpoint
+    from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
     from .artifacts import ExportPlan, export_checkpoint
 
     if args.checkpoint is None:

@@ -14,11 +14,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from polygraphy.comparator import Comparator
 
-from ..model.checkpoint import load_checkpoint
-from ..model.layer import GdnLayer
+from gdn_trt.model.checkpoint import load_checkpoint
+from gdn_trt.model.dtypes import DTYPES
+from gdn_trt.model.layer import GdnLayer
+
 from .artifacts import GraphRecord, Manifest, checkpoint_path, exported_weights
 from .data import GraphData
 from .runners import TorchRunner, onnxrt_runner, trt_runner
@@ -27,7 +28,6 @@ from .tolerances import bound, errors, within
 
 BACKENDS = ("torch", "onnxrt", "trt")
 _log = logging.getLogger(__name__)
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class RelRmsCompare:
@@ -132,7 +132,7 @@ def layers_of(manifest: Manifest, dtype: str) -> dict[int, GdnLayer]:
         raise ValueError(f"{ck_path}: config hash {ck.config.config_hash()} differs from the export's "
                          f"{manifest.data['config_hash']}")
     ck = exported_weights(manifest, ck)
-    return {lw.index: GdnLayer(ck.config, lw, _TORCH_DTYPES[dtype]).eval() for lw in ck.layers}
+    return {lw.index: GdnLayer(ck.config, lw, DTYPES[dtype]).eval() for lw in ck.layers}
 
 
 def error_plot(result: GraphResult, path: Path) -> Path | None:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .modes import LayerMode
+from gdn_trt.model.modes import LayerMode
+
 from .spec import GraphSpec, Role
 
 _NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32}

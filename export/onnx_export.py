@@ -21,15 +21,17 @@ import onnx_graphsurgeon as gs
 import torch
 from torch import Tensor, nn
 
-from ..model.layer import GdnLayer
-from ..model.lora import LoraInput, SlotWeights
-from ..model.state import LayerState, StateCapture, StateStash, StepInput
-from ..plugins.causal_conv1d import onnx as conv_onnx
-from ..plugins.gated_delta_rule import onnx as gdn_onnx
-from ..plugins.onnx_common import BODY_OPSET
-from ..plugins.packing import Packing
-from ..plugins.spec import NAMESPACE
-from .modes import LayerMode
+from gdn_trt.model.dtypes import dtype_name
+from gdn_trt.model.layer import GdnLayer
+from gdn_trt.model.lora import LoraInput, SlotWeights
+from gdn_trt.model.modes import LayerMode, Writes
+from gdn_trt.model.state import LayerState, StateCapture, StateStash, StepInput
+from gdn_trt.plugins.causal_conv1d import onnx as conv_onnx
+from gdn_trt.plugins.gated_delta_rule import onnx as gdn_onnx
+from gdn_trt.plugins.onnx_common import BODY_OPSET
+from gdn_trt.plugins.packing import Packing
+from gdn_trt.plugins.spec import NAMESPACE
+
 from .spec import GraphSpec, Limits, graph_spec
 
 OPSET = BODY_OPSET
@@ -56,9 +58,9 @@ class ModeGraph(nn.Module):
                          t.get("residual"), t.get("ple_rows"), lora)
         state = LayerState(t["conv_pool"], t["ssm_pool"], t.get("ple_conv_pool"))
         extra = None
-        if mode.uses_stash:
+        if mode.spec.writes is Writes.STASH:
             extra = StateStash(t["conv_stash"], t["ssm_stash"], t.get("ple_conv_stash"))
-        elif mode.uses_capture:
+        elif mode.spec.writes is Writes.POOLS_CAPTURE:
             extra = StateCapture(t["capture_at"], t["conv_capture"], t["ssm_capture"], t.get("ple_conv_capture"))
         res = self.layer.run(mode, step, state, extra)
         out = res[0]
@@ -154,6 +156,6 @@ def export_graph(layer: GdnLayer, spec: GraphSpec, path: Path) -> Path:
 
 def export_mode(layer: GdnLayer, mode: LayerMode, out_dir: str | Path, limits: Limits = Limits()) -> Path:
     """Export one mode of `layer` to `<out_dir>/<mode>[+hc][+ple].onnx`; returns the path."""
-    act = str(layer.dtype).replace("torch.", "")
+    act = dtype_name(layer.dtype)
     spec = graph_spec(layer.cfg, layer.index, mode, limits, act)
     return export_graph(layer, spec, Path(out_dir) / f"{spec.stem}.onnx")

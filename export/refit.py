@@ -20,8 +20,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from gdn_trt.model.modes import LayerMode
+
 from .artifacts import Manifest
-from .modes import LayerMode
 
 
 def check_refit_pair(old: Path, new: Path) -> list[str]:

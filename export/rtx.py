@@ -1,7 +1,8 @@
 """Plugin-free engine builds with TensorRT-RTX, ahead of time on a CPU: TensorRT's own ONNX parser and builder
 check the exported graphs (the `gdn_trt` nodes replaced by their function bodies, inlined first).
 
-TensorRT-RTX 1.7.1 cannot host the Python plugins and does not run on Hopper (reference/tensorrt.md §0, §3), so
+TensorRT-RTX 1.7.1 cannot host the Python plugins (its bindings have no `tensorrt.plugin` and no `add_plugin*`) and
+does not run on Hopper (its compute capabilities stop short of SM90: on the H200 it builds and refuses to run), so
 this is a check of the graphs, not a deployment path: `build_plugin_free` returns the serialized plan's size for a
 target compute capability (SM86 by default; a CPU-only machine needs an explicit one). Module: the bare bindings
 wheel installs `tensorrt_rtx_bindings`, the meta wheel `tensorrt_rtx`.

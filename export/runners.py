@@ -20,7 +20,8 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 from polygraphy.common import TensorMetadata
 
-from ..model.layer import GdnLayer
+from gdn_trt.model.layer import GdnLayer
+
 from .onnx_export import ModeGraph
 from .spec import GraphSpec
 

@@ -1,4 +1,4 @@
-"""`GraphSpec`: the I/O contract of one exported graph (DESIGN §3, §5).
+"""`GraphSpec`: the I/O contract of one exported graph.
 
 For a (config, layer, mode, limits) it declares the ordered graph inputs and outputs (name, dtype, symbolic dims,
 role), which output aliases which input, and the optimization-profile buckets (min/opt/max per symbol). The
@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..model.config import GdnConfig
-from ..model.lora import LoraLimits
-from .modes import LayerMode
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.dtypes import ACTIVATION_DTYPES, DTYPES
+from gdn_trt.model.lora import LoraLimits
+from gdn_trt.model.modes import SEQS, TOKENS, LayerMode, Split, Writes
 
-SEQS, TOKENS, SLOTS = "N", "T", "S"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32}
+SLOTS = "S"
 
 
 class Variant(str, enum.Enum):
@@ -104,7 +104,7 @@ class TensorSpec:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        return DTYPES[self.dtype]
 
     def shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
         """Concrete shape for symbol values `sizes` (e.g. {"T": 5, "N": 2, "S": 16})."""
@@ -225,33 +225,23 @@ def _find(ts: tuple[TensorSpec, ...], name: str, what: str) -> TensorSpec:
 
 
 def _buckets(mode: LayerMode, lim: Limits) -> tuple[Bucket, ...]:
-    """Profiles per mode. opt = the bucket's top: CUDA-graph buckets pad up to it, so it is the shape that runs."""
+    """Profiles per mode, split as its `ModeSpec.split` says. opt = the bucket's top: CUDA-graph buckets pad up to
+    it, so it is the shape that runs. A free T is bounded by the mode's `token_limit`: max_draft per sequence, or
+    max_tokens for the whole step."""
+    m = mode.spec
     S = (SLOTS, (1, lim.pool_slots, lim.pool_slots))
-    if mode is LayerMode.DECODE:
-        return (Bucket((S,)),)
-    if mode is LayerMode.DECODE_BATCHED:
-        return (Bucket(((TOKENS, (1, lim.max_draft, lim.max_draft)), S)),)
-    if mode is LayerMode.PREFILL:
+
+    def tokens(seqs: int) -> tuple:  # T of a bucket of up to `seqs` sequences
+        top = seqs * lim.max_draft if m.token_limit == "max_draft" else lim.max_tokens
+        return ((TOKENS, (1, top, top)),) if m.tokens == TOKENS else ()
+
+    if m.split is Split.TOKENS:
         return tuple(Bucket(((TOKENS, (lo, hi, hi)), S)) for lo, hi in Limits.ranges(lim.token_buckets,
                                                                                           lim.max_tokens))
-    out = []
-    for lo, hi in Limits.ranges(lim.seq_buckets, lim.max_seqs):
-        r = [(SEQS, (lo, hi, hi))]
-        if mode is LayerMode.VERIFY_MULTI:
-            r.append((TOKENS, (1, hi * lim.max_draft, hi * lim.max_draft)))
-        elif mode is LayerMode.PREFILL_VARLEN:
-            r.append((TOKENS, (1, lim.max_tokens, lim.max_tokens)))
-        out.append(Bucket((*r, S)))
-    return tuple(out)
-
-
-def _dims(mode: LayerMode) -> tuple[int | str, int | str]:
-    """(tokens, sequences) dims of a mode: ints where the mode fixes them."""
-    if mode is LayerMode.DECODE:
-        return 1, 1
-    if mode is LayerMode.DECODE_MULTI_SEQ:
-        return SEQS, SEQS  # one token per sequence: T is N
-    return TOKENS, (1 if mode.single_sequence else SEQS)
+    if m.split is Split.SEQS:
+        return tuple(Bucket(((SEQS, (lo, hi, hi)), *tokens(hi), S))
+                     for lo, hi in Limits.ranges(lim.seq_buckets, lim.max_seqs))
+    return (Bucket((*tokens(1), S)),)
 
 
 def graph_spec(cfg: GdnConfig, layer_idx: int, mode: LayerMode, limits: Limits,
@@ -260,10 +250,10 @@ def graph_spec(cfg: GdnConfig, layer_idx: int, mode: LayerMode, limits: Limits,
     if layer_idx not in cfg.gdn_layer_ids:
         raise ValueError(f"layer {layer_idx} is not a GDN layer of {cfg.name}; GDN layers: {cfg.gdn_layer_ids}")
     act = act_dtype or cfg.dtype
-    if act not in _DTYPES or act == "int32":
+    if act not in ACTIVATION_DTYPES:
         raise ValueError(f"activation dtype must be float32, bfloat16 or float16, got {act}")
     variant = Variant.of(cfg, layer_idx)
-    T, N = _dims(mode)
+    T, N = mode.spec.tokens, mode.spec.seqs
     n1 = 2 if N == 1 else f"{SEQS}+1"
     A, I = Role.ACTIVATION, Role.INDEX
     acts = [TensorSpec("x", act, (T, cfg.hidden_size), A), TensorSpec("residual", act, (T, cfg.hidden_size), A)]
@@ -273,17 +263,18 @@ def graph_spec(cfg: GdnConfig, layer_idx: int, mode: LayerMode, limits: Limits,
     if variant is Variant.HC_PLE:
         ins.append(TensorSpec("ple_rows", act, (T, cfg.ple_heads, cfg.ple_head_dim), A))
     ins += [TensorSpec("cu_seqlens", "int32", (n1,), I), TensorSpec("slots", "int32", (N,), I)]
-    if mode.uses_capture:
+    writes = mode.spec.writes
+    if writes is Writes.POOLS_CAPTURE:
         ins.append(TensorSpec("capture_at", "int32", (N,), I))
     state = [("conv", act, cfg.conv_state_shape), ("ssm", "float32", cfg.ssm_state_shape)]
     if variant is Variant.HC_PLE:
         state.append(("ple_conv", act, cfg.ple_conv_state_shape))
     pools = [TensorSpec(f"{s}_pool", dt, (SLOTS, *shape), Role.POOL) for s, dt, shape in state]
     ins += pools
-    updated = [] if mode.uses_stash else list(pools)
-    if mode.uses_stash:
+    updated = [] if writes is Writes.STASH else list(pools)
+    if writes is Writes.STASH:
         updated = [TensorSpec(f"{s}_stash", dt, (T, *shape), Role.STASH) for s, dt, shape in state]
-    elif mode.uses_capture:
+    elif writes is Writes.POOLS_CAPTURE:
         updated += [TensorSpec(f"{s}_capture", dt, (N, *shape), Role.CAPTURE) for s, dt, shape in state]
     ins += [t for t in updated if t.role is not Role.POOL]
     ins += lora_inputs(cfg, layer_idx, limits.lora, act, T)

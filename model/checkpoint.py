@@ -18,13 +18,13 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from .config import Family, GdnConfig, preset
+from .dtypes import ACTIVATION_DTYPES, DTYPES
 from .ngram import NgramTable
 from .weights import HcWeights, LayerWeights, MixerWeights, MlpWeights, PleWeights
 
 INDEX_FILE = "model.safetensors.index.json"
 PLE_META = "ple_tables.json"
 _PREFIXES = ("model.language_model.", "model.", "")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
@@ -50,7 +50,7 @@ class PleTable:
 
     @property
     def row_bytes(self) -> int:
-        return self.dim * _DTYPES[self.dtype].itemsize
+        return self.dim * DTYPES[self.dtype].itemsize
 
     def parts(self) -> tuple[TableSegment, ...]:
         return self.segments or (TableSegment(self.path, 0, self.rows),)
@@ -68,7 +68,7 @@ class Checkpoint:
     merged_adapter: str | None = None
 
 
-# ---- Qwen3-Next group interleave (reference/gdn.md §1.3) ----
+# ---- Qwen3-Next group interleave (docs/math.md#projections-of-the-three-families) ----
 def deinterleave_qkvz(w: Tensor, cfg: GdnConfig) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """`in_proj_qkvz` rows, grouped per key head as [q_g | k_g | v_g (G heads) | z_g (G heads)], -> dense Q, K, V, Z."""
     H, K, V, G = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.gva_ratio
@@ -236,7 +236,7 @@ def _table_in_safetensors(ts: _Tensors, stem: str) -> PleTable | None:
         segs.append(TableSegment(path, data_start + a, rows))
         dims.add(dim)
         dtypes.add(_SAFETENSORS_DTYPES.get(info["dtype"], info["dtype"]))
-    if len(dims) != 1 or len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES:
+    if len(dims) != 1 or len(dtypes) != 1 or next(iter(dtypes)) not in ACTIVATION_DTYPES:
         raise ValueError(f"{stem}: shards must share one width and a float dtype, got {dims} {dtypes}")
     return PleTable(segs[0].path, sum(s.rows for s in segs), dims.pop(), dtypes.pop(), tuple(segs))
 
@@ -320,7 +320,7 @@ def make_synthetic_checkpoint(name_or_cfg: str | GdnConfig, path: str | Path, se
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
-    dtype = _DTYPES[cfg.dtype]
+    dtype = DTYPES[cfg.dtype]
     prefix = "model." if cfg.family is Family.QWEN3_NEXT else "model.language_model."
     tensors: dict[str, Tensor] = {}
     ple_meta = {}
@@ -362,4 +362,4 @@ def load_table(t: PleTable) -> Tensor:
         with open(seg.path, "rb") as f:
             f.seek(seg.offset)
             parts.append(torch.frombuffer(bytearray(f.read(seg.rows * t.row_bytes)), dtype=torch.uint8))
-    return torch.cat(parts).view(_DTYPES[t.dtype]).reshape(t.rows, t.dim)
+    return torch.cat(parts).view(DTYPES[t.dtype]).reshape(t.rows, t.dim)

@@ -313,7 +313,7 @@ def _hybrid(n: int, interval: int = 4) -> tuple[str, ...]:
 
 
 PRESETS: dict[str, GdnConfig] = {
-    # real layer shapes (reference/gdn.md §1.1, §1.12; reference/ple_hc.md §2.4)
+    # real layer shapes (the released models' HF configs; docs/math.md#projections-of-the-three-families)
     "qwen3-next-80b-a3b": GdnConfig(
         family=Family.QWEN3_NEXT, name="qwen3-next-80b-a3b", hidden_size=2048, layer_types=_hybrid(48),
         linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,

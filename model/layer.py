@@ -8,21 +8,22 @@ and ONNX export share one code path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..plugins.causal_conv1d import op as conv_op
-from ..plugins.causal_conv1d.io import ConvParams
-from ..plugins.gated_delta_rule import op as gdn_op
-from ..plugins.gated_delta_rule.io import GdnInputs
-from ..plugins.packing import Capture, Packing, compute_dtype
-from ..plugins.spec import Activation
+from gdn_trt.plugins.causal_conv1d import op as conv_op
+from gdn_trt.plugins.causal_conv1d.io import ConvParams
+from gdn_trt.plugins.gated_delta_rule import op as gdn_op
+from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
+from gdn_trt.plugins.packing import Capture, Packing, compute_dtype
+from gdn_trt.plugins.spec import Activation
+
 from .config import GdnConfig
 from .lora import LoraInput, Proj, Site, apply_sites, check_idx_values, check_input, one_hot, sites
-from .modes import LayerMode
+from .modes import LayerMode, Writes
 from .norms import gated_rms_norm, rms_norm_1p
 from .state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
 from .weights import LayerWeights
@@ -61,10 +62,11 @@ class _Io:
         return apply_sites(y, x, self._onehot, self.lora, where)
 
     def conv(self, name: str, x: Tensor, conv: ConvParams) -> Tensor:
-        pool = getattr(self.state, name)
-        if self.mode.uses_stash:
+        """The mode's conv op (`ModeSpec.conv`) on state part `name` (conv, ple_conv)."""
+        pool, writes = getattr(self.state, name), self.mode.spec.writes
+        if writes is Writes.STASH:
             y, self.outs[name] = conv_op.update_stash(x, conv, self.pack, pool, getattr(self.extra, name))
-        elif self.mode.chunked:
+        elif writes is Writes.POOLS_CAPTURE:
             cap = Capture(self.extra.at, getattr(self.extra, name))
             y, self.pools[name], self.outs[name] = conv_op.prefill(x, conv, self.pack, pool, cap)
         else:
@@ -72,10 +74,11 @@ class _Io:
         return y
 
     def gdn(self, x: GdnInputs) -> Tensor:
-        pool = self.state.ssm
-        if self.mode.uses_stash:
+        """The mode's gated delta rule op (`ModeSpec.gdn`)."""
+        pool, writes = self.state.ssm, self.mode.spec.writes
+        if writes is Writes.STASH:
             o, self.outs["ssm"] = gdn_op.recurrent_stash(x, self.pack, pool, self.extra.ssm)
-        elif self.mode.chunked:
+        elif writes is Writes.POOLS_CAPTURE:
             o, self.pools["ssm"], self.outs["ssm"] = gdn_op.chunked(x, self.pack, pool,
                                                                     Capture(self.extra.at, self.extra.ssm))
         else:
@@ -141,14 +144,22 @@ class GdnLayer(nn.Module):
             extra: StateStash | StateCapture | None = None):
         """Any mode: returns (output, state) for decode modes, (output, stash) for verify modes and
         (output, state, capture) for prefill modes. In eager runs the returned buffers are the given ones,
-        written in place; under export they are new tensors."""
+        written in place; under export they are new tensors. Every input and buffer is checked first, so a
+        rejected step writes nothing."""
         self._check(mode, step, state, extra)
+        return self.run_impl(mode, step, state, extra)
+
+    def run_impl(self, mode: LayerMode, step: StepInput, state: LayerState,
+                 extra: StateStash | StateCapture | None = None):
+        """`run` without its checks, for a caller that validated the step at its own boundary and owns the buffers
+        (the runtime: `Session.step` checks every input, the engine selector the mode's shape rules)."""
         io = _Io(mode, step.pack, state, extra)
         io.lora = step.lora
         out = self._forward(step, io)
-        if mode.uses_stash:
+        writes = mode.spec.writes
+        if writes is Writes.STASH:
             return out, io.new_extra()
-        if mode.chunked:
+        if writes is Writes.POOLS_CAPTURE:
             return out, io.new_state(), io.new_extra()
         return out, io.new_state()
 
@@ -201,7 +212,7 @@ class GdnLayer(nn.Module):
         return io.adapt(F.linear(act, self.mlp.down), act, self._by_proj[Proj.DOWN])
 
     def _hc_sublayer(self, streams: Tensor, hc: _Part, sublayer) -> Tensor:
-        """Qwen4-Exp gated residual around one sublayer (reference/ple_hc.md §3.4)."""
+        """Qwen4-Exp gated residual around one sublayer (docs/math.md#qwen4-exp-gated-residual-hc)."""
         n, C = self.cfg.hc_count, self.cfg.hidden_size
         T = streams.shape[0]
         hn = rms_norm_1p(streams, hc.norm, self.cfg.rms_norm_eps, group=C)
@@ -212,7 +223,8 @@ class GdnLayer(nn.Module):
         return streams + (inj[:, :, None] * y[:, None, :]).reshape(T, n * C)
 
     def _ple(self, streams: Tensor, rows: Tensor, io: _Io) -> Tensor:
-        """Qwen4-Exp PLE (reference/ple_hc.md §2.4) on gathered rows [T, heads, d_h]: returns the stream delta."""
+        """Qwen4-Exp PLE (docs/math.md#qwen4-exp-ple-hashed-n-gram-memory) on gathered rows [T, heads, d_h]: returns
+        the stream delta."""
         cfg, p = self.cfg, self.ple
         n, C, eps = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps
         T = streams.shape[0]
@@ -228,7 +240,7 @@ class GdnLayer(nn.Module):
     # ---- checks ----
     def _check(self, mode: LayerMode, step: StepInput, state: LayerState, extra) -> None:
         cfg = self.cfg
-        want_extra = StateStash if mode.uses_stash else StateCapture if mode.chunked else type(None)
+        want_extra = {Writes.STASH: StateStash, Writes.POOLS_CAPTURE: StateCapture}.get(mode.spec.writes, type(None))
         if not isinstance(extra, want_extra):
             raise TypeError(f"{mode.value} needs {want_extra.__name__}, got {type(extra).__name__}")
         if step.x.dim() != 2 or step.x.shape[1] != cfg.stream_dim:
@@ -251,11 +263,9 @@ class GdnLayer(nn.Module):
             check_input(step.lora, self.lora_sites, step.x.shape[0], self.dtype)
         if torch.compiler.is_exporting():
             return  # token counts are symbolic while tracing; the GraphSpec profiles bound them
-        T, N = step.x.shape[0], step.pack.num_seqs
-        if mode.single_sequence and N != 1:
-            raise ValueError(f"{mode.value} takes one sequence, got {N}")
-        if mode.one_token_per_sequence and T != N:
-            raise ValueError(f"{mode.value} takes one token per sequence: T={T}, N={N}")
+        why = mode.refuse(step.pack.num_seqs, step.x.shape[0])
+        if why is not None:
+            raise ValueError(why)
         self._check_buffers(step, state, extra)
 
     def _check_buffers(self, step: StepInput, state: LayerState, extra) -> None:

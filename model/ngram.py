@@ -1,4 +1,4 @@
-"""Constants of Qwen4-Exp's hashed n-gram tables (reference/ple_hc.md §5.2): multipliers, prime head sizes, offsets.
+"""Constants of Qwen4-Exp's hashed n-gram tables (docs/math.md#hash): multipliers, prime head sizes, offsets.
 
 Pure functions of the config, re-derived here so a checkpoint's int64 buffers can be checked against them (and
 written into synthetic checkpoints). Hashing token ids with these constants lives in `runtime/ple/hashing.py`.

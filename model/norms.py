@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..plugins.packing import compute_dtype
+from gdn_trt.plugins.packing import compute_dtype
 
 
 def rms_norm_1p(x: Tensor, w: Tensor, eps: float, group: int | None = None) -> Tensor:

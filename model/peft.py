@@ -29,6 +29,7 @@ from torch import Tensor
 
 from .checkpoint import Checkpoint
 from .config import Family, GdnConfig, preset
+from .errors import GdnTrtError
 from .lora import (MLP_TARGETS, Adapter, LoraTarget, LoraWeights, family_targets, internal_rows, merge_layer,
                    rank_scale, sites)
 
@@ -41,7 +42,7 @@ _FOREIGN_NAMES = {"q_proj", "k_proj", "v_proj", "o_proj", "gate", "shared_expert
 log = logging.getLogger("gdn_trt.model")
 
 
-class AdapterError(ValueError):
+class AdapterError(GdnTrtError, ValueError):
     """An adapter that cannot be applied to this model (the message names the tensor or field and why), or, in the
     runtime, one that cannot be registered, bound or unregistered."""
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..plugins.packing import Packing, compute_dtype
+from gdn_trt.plugins.packing import Packing, compute_dtype
+
 from .config import GdnConfig
 from .lora import LoraInput
 

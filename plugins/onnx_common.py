@@ -6,7 +6,7 @@ Every `gdn_trt` op becomes one node `gdn_trt::<name>` whose inputs, outputs and 
 `plugin_version`). Nothing else is a string: the parser turns every other attribute into a plugin field, and a
 QDP creator cannot take string fields from ONNX safely (a trailing NUL arrives with them).
 
-The recipe is the one verified with torch 2.13 / onnxscript 0.7.2 (reference/tensorrt.md §4.2a): a plain traced
+The recipe is the one verified with torch 2.13 / onnxscript 0.7.2 (on the CPU, end to end): a plain traced
 translation function calling an `onnxscript.values.Op` built from an explicit `OpSchema` (a scripted translation
 or a schema-less op fails the export), then a FunctionProto of the same (domain, name) appended to the model.
 """
@@ -151,7 +151,7 @@ def loop(b: Body, trip: str, body: onnx.GraphProto, carried: list[str]) -> list[
     return [outs] if len(carried) == 1 else outs
 
 
-class Packed:
+class PackingVectors:
     """The packing as per-token and per-sequence vectors, computed from values only (never as shapes: TensorRT
     would then need cu_seqlens as a shape input with value ranges in every profile). Index tensors are int64.
 

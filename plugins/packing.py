@@ -1,4 +1,4 @@
-"""Packed variable-length layout shared by every op (DESIGN §3).
+"""Packed variable-length layout shared by every op.
 
 T tokens of N sequences are packed back to back; `cu_seqlens [N+1] int32` holds the offsets and `slots [N] int32`
 names each sequence's row in the state pools (-1 = a padding sequence that every kernel skips: no output rows are

@@ -120,3 +120,15 @@ def register_op(spec: OpSpec, outputs: Callable, launch: Callable) -> None:
     trtp.register(spec.qualified)(
         _with_signature(describe, register_signature(spec, trtp.TensorDesc), f"{spec.name}_register"))
     trtp.impl(spec.qualified)(_with_signature(enqueue, impl_signature(spec), f"{spec.name}_impl"))
+
+
+def context_memory(engine) -> list[int]:
+    """Bytes of activation (context) memory per optimization profile: what a USER_MANAGED execution context
+    needs. `get_device_memory_size_for_profile_v2` exists from TensorRT 10.1 (every version we claim); before it,
+    `get_device_memory_size_for_profile`, and where neither exists the engine-wide size for every profile."""
+    n = engine.num_optimization_profiles
+    for name in ("get_device_memory_size_for_profile_v2", "get_device_memory_size_for_profile"):
+        if hasattr(engine, name):
+            return [int(getattr(engine, name)(k)) for k in range(n)]
+    total = getattr(engine, "device_memory_size_v2", None)
+    return [int(engine.device_memory_size if total is None else total)] * n

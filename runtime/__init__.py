@@ -1,12 +1,12 @@
 """gdn-trt runtime: `Session` (state pools, engine selection, CUDA graphs, PLE prestage, speculative write-on-accept,
 prefix snapshots) over a stack of GDN layers. `from gdn_trt.runtime import Session, SessionOptions, RuntimeLimits`."""
 
-_EXPORTS = {"Session": "session", "SessionOptions": "session", "Prompt": "session", "PrefillResult": "session",
-            "SequenceError": "session", "RuntimeLimits": "plan", "BudgetError": "plan", "SnapshotError": "state"}
+_EXPORTS = {"Session": "session", "SessionOptions": "session", "Prompt": "seqs", "PrefillResult": "session",
+            "SequenceError": "seqs", "RuntimeLimits": "budget", "BudgetError": "budget", "SnapshotError": "state"}
 
 
 def __getattr__(name: str):
-    # lazy, so that `gdn-trt plan` and the PLE helpers do not import the whole runtime
+    # lazy, so that `gdn-trt budget` and the PLE helpers do not import the whole runtime
     if name in _EXPORTS:
         import importlib
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..model.config import GdnConfig
-from ..model.lora import Adapter, LoraInput, LoraLimits, LoraTarget, SlotWeights, slot_rows
-from ..model.peft import AdapterError
-from ..model.state import BufferSpec
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.lora import Adapter, LoraInput, LoraLimits, LoraTarget, SlotWeights, slot_rows
+from gdn_trt.model.peft import AdapterError
+from gdn_trt.model.state import BufferSpec
 
 __all__ = ["AdapterCounters", "AdapterError", "AdapterSlots"]
 
@@ -134,8 +134,8 @@ class AdapterSlots:
                                "or raise the limit")
 
     def assign(self, names: set[str], stream: torch.cuda.Stream | None) -> dict[str, int]:
-        """A slot for every adapter of the step, uploading the missing ones (after `check_step`)."""
-        self.check_step(names)
+        """A slot for every adapter of the step, uploading the missing ones. Trusts `names`: the step ran
+        `check_step` on them at its boundary, before anything changed."""
         out = {}
         for n in sorted(names, key=lambda n: (n not in self._resident, n)):  # hits first: they must not be evicted
             if n in self._resident:

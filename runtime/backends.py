@@ -1,80 +1,29 @@
-"""Engines: one interface over the PyTorch layer modes (`TorchEngine`) and TensorRT plans (`TrtEngine`).
-
-An engine runs one GDN layer in one `LayerMode` on the packed layout: `run(call, stream)` takes the step's
-activations, the layer's pools and the stash or capture buffers (`LayerCall`), writes the buffers in place and
-returns the activations (`StepOutput`). The runtime owns every buffer; engines own none.
-
-Plan manifests (`find_plans`): `gdn-trt build` writes, per (layer, mode), a plan and a manifest holding the config
-hash and the `GraphSpec` it was built from. The runtime trusts nothing else: every manifest under
-`engines_dir` is read, the ones of this model's config are indexed by (layer, mode), and a plan whose manifest
-names another config, another activation dtype or a layer the model does not have is an error that names the file
-and the mismatch (a plan built for another config must never run silently). No tensorrt import here, so these
-checks run anywhere.
+"""Engine backends: `TorchEngine` (the PyTorch layer modes) and the factory that lines up, per layer, the candidate
+engines of a session (`build_engines`): the PyTorch modes, the TensorRT plans of `engines_dir` (`trt.TrtEngine`,
+imported only when TensorRT can serve), or both.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
-import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from ..export.spec import GraphSpec, Role
-from ..model.config import GdnConfig
-from ..model.layer import GdnLayer
-from ..model.lora import LoraLimits
-from ..model.modes import LayerMode
-from ..model.state import LayerState, StateCapture, StateStash, StepInput, StepOutput
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.dtypes import dtype_name
+from gdn_trt.model.layer import GdnLayer
+from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.state import StepOutput
+
+from .engine import Engine, LayerCall
+from .plans import PlanMatch, find_plans, planned_context_memory
 
 log = logging.getLogger("gdn_trt.runtime")
 
 
-@dataclass
-class LayerCall:
-    """One layer, one step: `extra` is the stash (verify modes), the capture (prefill modes) or None (decode)."""
-
-    mode: LayerMode
-    step: StepInput
-    state: LayerState
-    extra: StateStash | StateCapture | None = None
-
-
-class Engine(abc.ABC):
-    """One GDN layer's executable form. `name` says which backend it is (logged with every choice)."""
-
-    name: str
-    layer_idx: int
-    device: torch.device
-
-    @abc.abstractmethod
-    def modes(self) -> tuple[LayerMode, ...]:
-        """The modes this engine can run."""
-
-    @abc.abstractmethod
-    def refuse(self, mode: LayerMode, seqs: int, tokens: int) -> str | None:
-        """None when a step of `seqs` sequences and `tokens` tokens in `mode` is covered, else the reason."""
-
-    @abc.abstractmethod
-    def run(self, call: LayerCall, stream: torch.cuda.Stream | None) -> StepOutput:
-        """Enqueue the step on `stream` (None on the CPU); buffers are written in place."""
-
-    def capture_veto(self, mode: LayerMode) -> str | None:
-        """Why a step of this engine in `mode` cannot be captured in a CUDA graph (None = it can)."""
-        if self.device.type != "cuda":
-            return f"{self.name} runs on {self.device.type}: CUDA graphs need a CUDA device"
-        if mode.chunked:
-            return "prefill token counts change every step: no static shape to capture"
-        if mode.uses_stash:
-            return "verify draft counts (0..K per sequence) change every step: no static shape to capture"
-        return None
-
-
 class TorchEngine(Engine):
-    """The PyTorch layer (`GdnLayer.run`) on the CPU (reference ops) or CUDA (Triton kernels)."""
+    """The PyTorch layer (`GdnLayer.run_impl`) on the CPU (reference ops) or CUDA (Triton kernels)."""
 
     def __init__(self, layer: GdnLayer, device: torch.device):
         self.layer, self.layer_idx, self.device = layer, layer.index, torch.device(device)
@@ -84,28 +33,15 @@ class TorchEngine(Engine):
         return tuple(LayerMode)
 
     def refuse(self, mode: LayerMode, seqs: int, tokens: int) -> str | None:
-        if mode.single_sequence and seqs != 1:
-            return f"{mode.value} takes one sequence, the step has {seqs}"
-        if mode.one_token_per_sequence and tokens != seqs:
-            return f"{mode.value} takes one token per sequence ({tokens} tokens, {seqs} sequences)"
-        return None
+        return mode.refuse(seqs, tokens)
 
     def run(self, call: LayerCall, stream: torch.cuda.Stream | None) -> StepOutput:
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx, torch.no_grad():
-            return self.layer.run(call.mode, call.step, call.state, call.extra)[0]
+            return self.layer.run_impl(call.mode, call.step, call.state, call.extra)[0]  # checked at Session.step
 
 
 BACKENDS = ("auto", "torch", "trt")
-
-
-@dataclass(frozen=True)
-class PlanMatch:
-    """What a session's plans must have been built for besides config and dtype: the same LoRA adapter slots
-    (graph inputs of fixed shape) and the same merged adapter (digest; None = base weights)."""
-
-    lora: LoraLimits | None = None
-    merged_adapter: str | None = None
 
 
 def _check_backend(backend: str) -> None:
@@ -143,7 +79,7 @@ def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None,
         return torch_engines
     from .trt import load_trt_engines  # imports tensorrt
 
-    act = str(layers[0].dtype).replace("torch.", "")
+    act = dtype_name(layers[0].dtype)
     trt_engines = load_trt_engines(layers[0].cfg, engines_dir, device, act, pool_rows, match)
     if backend == "trt":
         return [[e] for e in trt_engines]
@@ -155,137 +91,8 @@ def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None,
 def trt_context_budget(backend: str, engines_dir: str | None, device: torch.device, cfg: GdnConfig, act_dtype: str,
                        match: PlanMatch = PlanMatch()) -> int:
     """Bytes of TensorRT context memory a session will allocate (0 when its plans will not serve it): the row the
-    memory plan adds for them (`plan(..., trt_context=...)`)."""
+    memory budget adds for them (`budget(..., trt_context=...)`)."""
     _check_backend(backend)
     if backend == "torch" or trt_unavailable(device, engines_dir) is not None:
         return 0
     return planned_context_memory(find_plans(engines_dir, cfg, act_dtype, match))
-
-
-# ---- plan manifests (no tensorrt import: these checks run anywhere) ----
-class PlanMismatchError(ValueError):
-    """A plan under engines_dir was built for another config, dtype or layer set: rebuild it."""
-
-
-@dataclass(frozen=True)
-class PlanInfo:
-    """One engine file: its plan path, the GraphSpec it was built from, and the manifest's other fields."""
-
-    plan: Path
-    manifest: Path
-    spec: GraphSpec
-    versions: dict  # TensorRT, plugin, GPU as the manifest records them (logged, not interpreted)
-
-
-def _spec_of(m: dict, path: Path) -> GraphSpec:
-    raw = m.get("graph_spec") or m.get("spec")
-    if not isinstance(raw, dict):
-        raise PlanMismatchError(f"{path}: manifest has no GraphSpec ('graph_spec'); rebuild with gdn-trt build")
-    try:
-        return GraphSpec.from_json(raw)
-    except (KeyError, TypeError, ValueError) as e:
-        raise PlanMismatchError(f"{path}: unreadable GraphSpec ({e}); rebuild with gdn-trt build") from None
-
-
-def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str, match: PlanMatch = PlanMatch()
-               ) -> dict[tuple[int, LayerMode], PlanInfo]:
-    """Every plan under `engines_dir` for `cfg`, by (layer, mode). Raises `PlanMismatchError` when a manifest
-    there names this model but another config hash or dtype, other LoRA slots or another merged adapter than
-    `match`, and `FileNotFoundError` when none is found."""
-    root = Path(engines_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(f"engines_dir {root} does not exist (run gdn-trt export and gdn-trt build)")
-    want, found = cfg.config_hash(), {}
-    for path in sorted(root.rglob("*.json")):
-        try:
-            m = json.loads(path.read_text())
-        except ValueError:
-            continue
-        if not isinstance(m, dict) or not ("graph_spec" in m or "spec" in m):
-            continue  # not a plan manifest (e.g. an export manifest)
-        spec = _spec_of(m, path)
-        got = m.get("config_hash", spec.config_hash)
-        if got != want or spec.config_hash != want:
-            raise PlanMismatchError(f"{path}: built for config {spec.model!r} (hash {got}); this session runs "
-                                    f"{cfg.name!r} (hash {want}): rebuild the engines or point engines_dir elsewhere")
-        if spec.act_dtype != act_dtype:
-            raise PlanMismatchError(f"{path}: built for {spec.act_dtype} activations; the session computes in "
-                                    f"{act_dtype}")
-        if spec.layer_idx not in cfg.gdn_layer_ids:
-            raise PlanMismatchError(f"{path}: layer {spec.layer_idx} is not a GDN layer of {cfg.name}")
-        if spec.limits.lora != match.lora:
-            raise PlanMismatchError(f"{path}: built with LoRA slots {spec.limits.lora}; the session has "
-                                    f"{match.lora} (re-export with matching --lora-slots/--lora-rank/--lora-targets)")
-        if m.get("merged_adapter") != match.merged_adapter:
-            raise PlanMismatchError(f"{path}: holds merged adapter {m.get('merged_adapter')}; the session's weights "
-                                    f"have {match.merged_adapter} (export and build, or refit, the same weights)")
-        plan = path.parent / m.get("plan", path.with_suffix(".plan").name)
-        if not plan.is_file() or plan.stat().st_size == 0:
-            raise PlanMismatchError(f"{path}: its plan {plan} is missing or empty (a failed build?)")
-        key = (spec.layer_idx, spec.mode)
-        if key in found:
-            raise PlanMismatchError(f"two plans for layer {key[0]} {key[1].value}: {found[key].plan} and {plan}")
-        versions = {k: v for k, v in m.items() if k not in ("graph_spec", "spec")}
-        found[key] = PlanInfo(plan, path, spec, versions)
-    if not found:
-        raise FileNotFoundError(f"no plan manifests under {root} (run gdn-trt build)")
-    return found
-
-
-def in_place_outputs(engine, spec: GraphSpec) -> frozenset[str]:
-    """The aliased outputs (`<x>_out`) a TensorRT engine confirms share their input's memory, which the runtime
-    may therefore bind to the input's address. `ICudaEngine.get_aliased_input_tensor` (TensorRT >= 10.15; absent
-    from 10.14 and older) names the input an output aliases, or None. Without that call nothing can confirm an
-    alias, so none is bound in place: TensorRT's header allows it to insert copies for aliased plugin I/O, and
-    one pointer bound as both an engine input and output has given wrong results (NVIDIA/TensorRT #4681)."""
-    ask = getattr(engine, "get_aliased_input_tensor", None)
-    if ask is None:
-        return frozenset()
-    return frozenset(n for n, i in spec.aliases.items() if ask(n) == i)
-
-
-def planned_context_memory(plans: dict[tuple[int, LayerMode], PlanInfo]) -> int:
-    """Bytes of the one context scratch a session allocates for `plans` (`runtime/trt.py: ContextMemory`): the
-    largest per-profile context memory their manifests record (`gdn-trt build` writes "context_memory"). Plans
-    built before that field existed count 0 here and are named in the log; loading still sizes the scratch from
-    the engines themselves."""
-    sizes, unknown = [0], []
-    for info in plans.values():
-        recorded = info.versions.get("context_memory")
-        if isinstance(recorded, list) and all(isinstance(x, int) for x in recorded):
-            sizes += recorded
-        else:
-            unknown.append(str(info.manifest))
-    if unknown:
-        log.warning("%d plan manifests record no context memory (built before gdn-trt recorded it; rebuild to "
-                    "count it in the memory plan): %s", len(unknown), ", ".join(unknown[:3]))
-    return max(sizes)
-
-
-def bind_inputs(call: LayerCall, spec: GraphSpec) -> dict[str, torch.Tensor]:
-    """GraphSpec input name -> the runtime tensor bound to it (TensorRT binds by these names). Raises ValueError
-    naming the input when the runtime has no tensor for it or its dtype differs from the graph's."""
-    s = call.step
-    acts = {"x": s.x, "residual": s.residual, "streams": s.x, "ple_rows": s.ple_rows,
-            "cu_seqlens": s.pack.cu_seqlens, "slots": s.pack.slots,
-            "capture_at": getattr(call.extra, "at", None), "lora_idx": None if s.lora is None else s.lora.idx}
-    out = {}
-    for t in spec.inputs:
-        if t.role in (Role.ACTIVATION, Role.INDEX):
-            x = acts[t.name]
-        elif t.role is Role.ADAPTER:  # lora_<target>_a / lora_<target>_b
-            target, _, part = t.name[len("lora_"):].rpartition("_")
-            w = None if s.lora is None else {k.value: v for k, v in s.lora.slots.items()}.get(target)
-            x = None if w is None else getattr(w, part)
-        else:  # <part>_pool from the layer state, <part>_stash / <part>_capture from the step's extra buffers
-            part, _, _ = t.name.rpartition("_")
-            x = getattr(call.state if t.role is Role.POOL else call.extra, part)
-        if x is None or x.dtype != t.torch_dtype:
-            raise ValueError(f"{spec.stem} input {t.name}: runtime tensor is "
-                             f"{None if x is None else x.dtype}, the plan takes {t.dtype}")
-        if t.role in (Role.ACTIVATION, Role.INDEX):
-            x = x.contiguous()
-        elif not x.is_contiguous():  # a copy would take the writes: buffers must be bound where they live
-            raise ValueError(f"{spec.stem} buffer {t.name} is not contiguous")
-        out[t.name] = x
-    return out

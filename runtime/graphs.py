@@ -23,11 +23,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..model.modes import LayerMode
-from ..plugins.packing import Packing
-from .backends import Engine
-from .select import GraphStats, Group, Selector
-from .stack import Packed, PleFeeds, Stack, StepContext, StepRows
+from gdn_trt.model.modes import LayerMode
+from gdn_trt.plugins.packing import Packing
+
+from .engine import Engine
+from .ple.feeds import PleFeeds, StepRows
+from .select import Group, Selector
+from .stack import Packed, Stack, StepContext
+from .stats import GraphStats
 
 log = logging.getLogger("gdn_trt.runtime")
 

@@ -1,4 +1,4 @@
-"""`Session`: the public runtime API (DESIGN §6) over a stack of GDN layers, owning all recurrent state.
+"""`Session`: the public runtime API over a stack of GDN layers, owning all recurrent state.
 
     sess = Session.open("tiny-3.5", device="cpu", max_seqs=8)
     seq = sess.add_sequence()                                 # a slot in every layer, zeroed
@@ -22,7 +22,6 @@ temporary directory, since the prestage memory-maps its table from a file).
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import tempfile
@@ -33,32 +32,38 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.checkpoint import PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer
-from ..model.config import PRESETS, GdnConfig
-from ..model.layer import GdnLayer
-from ..model.lora import Adapter
-from ..model.ngram import NgramTable
-from ..model.peft import load_adapter
-from ..model.state import BufferSpec
+from gdn_trt.model.checkpoint import PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer
+from gdn_trt.model.config import PRESETS, GdnConfig
+from gdn_trt.model.dtypes import DTYPES, dtype_name
+from gdn_trt.model.layer import GdnLayer
+from gdn_trt.model.lora import Adapter
+from gdn_trt.model.ngram import NgramTable
+from gdn_trt.model.peft import load_adapter
+from gdn_trt.model.state import BufferSpec
+
 from .adapters import AdapterError, AdapterSlots
-from .backends import Engine, PlanMatch, build_engines, trt_context_budget
+from .backends import build_engines, trt_context_budget
+from .budget import RuntimeLimits, available_memory, budget
+from .engine import Engine
 from .graphs import GraphCache
-from .plan import RuntimeLimits, available_memory, plan
-from .select import GraphPolicy, SessionStats, Selector
-from .stack import PleFeeds, Stack, StepBuffers
+from .plans import PlanMatch
+from .ple.feeds import PleFeeds
+from .select import GraphPolicy, Selector
+from .seqs import Prompt, SequenceError, Sequences, StepResult
+from .stack import Stack, StepBuffers
 from .state import Fence, SlotState, SnapshotError, StatePool
+from .stats import SessionStats
+from .steps import StepParts, run_step
 
 log = logging.getLogger("gdn_trt.runtime")
 
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 Source = str | Path | Checkpoint | GdnConfig
 
 
 def act_dtype(cfg: GdnConfig, device: torch.device) -> torch.dtype:
     """The activation dtype a session computes in: fp32 on the CPU (the reference ops), the config's on CUDA."""
-    return torch.float32 if device.type == "cpu" else _DTYPES[cfg.dtype]
+    return torch.float32 if device.type == "cpu" else DTYPES[cfg.dtype]
 
 
 def load_source(src: Source, seed: int = 0) -> tuple[Checkpoint, tempfile.TemporaryDirectory | None]:
@@ -80,7 +85,7 @@ def load_source(src: Source, seed: int = 0) -> tuple[Checkpoint, tempfile.Tempor
 def synthetic(cfg: GdnConfig, seed: int) -> tuple[Checkpoint, tempfile.TemporaryDirectory | None]:
     """Deterministic random weights of `cfg` in memory (the same generator as `make_synthetic_checkpoint`)."""
     gen = torch.Generator().manual_seed(seed)
-    dtype = _DTYPES[cfg.dtype]
+    dtype = DTYPES[cfg.dtype]
     layers, tables, tmp = [], {}, None
     for i in cfg.gdn_layer_ids:
         lw = random_layer(cfg, i, gen)
@@ -101,13 +106,6 @@ def synthetic(cfg: GdnConfig, seed: int) -> tuple[Checkpoint, tempfile.Temporary
     return Checkpoint(cfg, layers, tables, None), tmp
 
 
-class SequenceError(KeyError):
-    """An unknown or released sequence, or one in the wrong phase (e.g. an unaccepted verify)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
 @dataclass(frozen=True)
 class SessionOptions:
     """Args:
@@ -115,7 +113,7 @@ class SessionOptions:
         dtype: activation dtype; None = fp32 on the CPU, the config's dtype on CUDA.
         graphs: capture decode steps as CUDA graphs where no layer vetoes (CUDA only).
         ple_hoisted: stage PLE rows before a replay (True) or let PLE layers veto decode capture (False).
-        memory_budget: bytes the memory plan must fit; None = the device's free memory.
+        memory_budget: bytes the memory budget must fit; None = the device's free memory.
         seed: seed of the synthetic weights when the model is a preset or a config.
     """
 
@@ -127,15 +125,6 @@ class SessionOptions:
     seed: int = 0
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One sequence's prefill: hidden `[L, stream_dim]`, token ids `[L]` (PLE models), optional capture point."""
-
-    hidden: Tensor
-    token_ids: object = None
-    capture_at: int | None = None
-
-
 @dataclass
 class PrefillResult:
     """hidden `[L, C]` (plain: after the last layer's residual add) or streams `[L, n*C]` (hc); `capture`: the
@@ -143,24 +132,6 @@ class PrefillResult:
 
     hidden: Tensor
     capture: bytes | None = None
-
-
-@dataclass
-class _Pending:
-    """An unaccepted verify: its stash rows start at `row`, `count` draft tokens, their ids (PLE)."""
-
-    epoch: int
-    row: int
-    count: int
-    ids: np.ndarray
-
-
-@dataclass
-class _Seq:
-    slot: int
-    position: int = 0
-    pending: _Pending | None = None
-    adapter: str | None = None  # the registered LoRA adapter its steps apply
 
 
 @dataclass
@@ -180,7 +151,7 @@ class Session:
     def open(cls, checkpoint_or_preset: Source, engines_dir: str | None = None, backend: str = "auto",
              device: str | torch.device | None = None, max_seqs: int | None = None,
              options: SessionOptions | None = None) -> "Session":
-        """Load the model, plan memory (fails early naming the limit to lower), build the engines and buffers."""
+        """Load the model, budget memory (fails early naming the limit to lower), build the engines and buffers."""
         options = options or SessionOptions()
         if max_seqs is not None:
             options = replace(options, limits=replace(options.limits, max_seqs=max_seqs))
@@ -191,10 +162,10 @@ class Session:
         ckpt, tmp = load_source(checkpoint_or_preset, options.seed)
         cfg = ckpt.config
         dtype = options.dtype or act_dtype(cfg, dev)
-        act, match = str(dtype).replace("torch.", ""), PlanMatch(options.limits.lora, ckpt.merged_adapter)
-        budget = plan(cfg, options.limits, act, options.graphs and dev.type == "cuda",
+        act, match = dtype_name(dtype), PlanMatch(options.limits.lora, ckpt.merged_adapter)
+        need = budget(cfg, options.limits, act, options.graphs and dev.type == "cuda",
                       trt_context_budget(backend, engines_dir, dev, cfg, act, match))
-        budget.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
+        need.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
         layers = [GdnLayer(cfg, lw, dtype).to(dev) for lw in ckpt.layers]
         engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs, match)
         feeds = PleFeeds(cfg, ckpt.ple_tables, options.limits, dev) if cfg.ple_layer_ids else None
@@ -221,13 +192,12 @@ class Session:
         self.selector = Selector(parts.engines, policy, ple)
         self._stats = SessionStats()
         self.graphs = GraphCache(self.stack, self.selector, self._stats.graphs, self.feeds)
-        self._seqs: dict[int, _Seq] = {}
-        self._released: set[int] = set()
-        self._ids = itertools.count()
-        self._epoch = 0
+        self._seqs = Sequences()
+        self._steps = StepParts(self.cfg, self.limits, self.dtype, self.device, self._seqs, self.pool, self.stack,
+                                self.selector, self.graphs, self.feeds, self.adapters, self._stats)
         self._tmp: tempfile.TemporaryDirectory | None = None
         log.info("session: %s, %d GDN layers, %s on %s, limits %s, graphs %s, PLE %s", self.cfg.name,
-                 len(self.cfg.gdn_layer_ids), str(self.dtype).replace("torch.", ""), self.device, self.limits,
+                 len(self.cfg.gdn_layer_ids), dtype_name(self.dtype), self.device, self.limits,
                  "on" if graphs else "off", ("hoisted" if options.ple_hoisted else "vetoes decode capture")
                  if ple else "none")
 
@@ -242,10 +212,10 @@ class Session:
 
     def unregister_adapter(self, name: str) -> None:
         """Forget an adapter; refused while a live sequence is bound to it."""
-        self._slots().unregister(name, {s.adapter for s in self._seqs.values() if s.adapter})
+        self._slots().unregister(name, self._seqs.adapters())
 
     def adapter_of(self, seq: int) -> str | None:
-        return self._live(seq).adapter
+        return self._seqs[seq].adapter
 
     def _slots(self) -> AdapterSlots:
         if self.adapters is None:
@@ -261,24 +231,20 @@ class Session:
         """A new sequence at position 0, with a zeroed slot in every layer (and fresh PLE id carries); `adapter`:
         a registered LoRA adapter every step of the sequence applies (None = the base weights)."""
         self._check_adapter(adapter)
-        slot = self.pool.allocate()
-        seq = next(self._ids)
-        self._seqs[seq] = _Seq(slot, adapter=adapter)
-        return seq
+        return self._seqs.add(self.pool.allocate(), adapter)
 
     def release(self, seq: int) -> None:
-        s = self._live(seq)
+        s = self._seqs[seq]
         self.pool.free(s.slot)
-        del self._seqs[seq]
-        self._released.add(seq)
+        self._seqs.remove(seq)
 
     def position(self, seq: int) -> int:
         """Tokens committed to the sequence's state."""
-        return self._live(seq).position
+        return self._seqs[seq].position
 
     @property
     def sequences(self) -> list[int]:
-        return list(self._seqs)
+        return self._seqs.ids()
 
     # ---- steps ----
     def prefill(self, seq: int, hidden: Tensor, token_ids: object = None, capture_at: int | None = None
@@ -300,22 +266,20 @@ class Session:
         return self.step(verify=hidden, token_ids=token_ids).outputs
 
     def step(self, decode: dict[int, Tensor] | None = None, verify: dict[int, Tensor] | None = None,
-             prefill: dict[int, Prompt] | None = None, token_ids: dict[int, object] | None = None) -> "StepResult":
+             prefill: dict[int, Prompt] | None = None, token_ids: dict[int, object] | None = None) -> StepResult:
         """A mixed step (each sequence in one kind): validated as a whole, split into groups by kind, run."""
-        from .steps import run_step
-
-        return run_step(self, decode or {}, verify or {}, prefill or {}, token_ids or {})
+        return run_step(self._steps, decode or {}, verify or {}, prefill or {}, token_ids or {})
 
     def accept(self, counts: dict[int, int]) -> None:
         """Commit `j` of each verified sequence's draft tokens: the state after draft token j-1 is folded from the
         stash into the pools on the device (j = 0 keeps the state). Clears the pending verify."""
         checked = []
         for seq, j in counts.items():
-            s = self._live(seq)
+            s = self._seqs[seq]
             p = s.pending
             if p is None:
                 raise SequenceError(f"sequence {seq} has no verify to accept")
-            if p.epoch != self._epoch:
+            if p.epoch != self._seqs.epoch:
                 raise SequenceError(f"sequence {seq}: a later verify step overwrote its stash; verify again")
             if not isinstance(j, (int, np.integer)) or isinstance(j, bool) or not 0 <= j <= p.count:
                 raise ValueError(f"sequence {seq}: accepted count must be an int in 0..{p.count}, got {j!r}")
@@ -334,7 +298,7 @@ class Session:
     # ---- snapshots ----
     def snapshot(self, seq: int) -> bytes:
         """All of the sequence's committed state at its current token position (after its last step completed)."""
-        s = self._live(seq)
+        s = self._seqs[seq]
         blob = self.pool.encode(self.pool.read_slot(s.slot, s.position))
         self._stats.snapshots += 1
         return blob
@@ -366,18 +330,5 @@ class Session:
         return self._stats
 
     # ---- internals ----
-    def _live(self, seq: int) -> _Seq:
-        s = self._seqs.get(seq) if isinstance(seq, (int, np.integer)) and not isinstance(seq, bool) else None
-        if s is None:
-            state = "was released" if seq in self._released else "is unknown"
-            raise SequenceError(f"sequence {seq!r} {state}")
-        return s
-
     def _stream(self) -> torch.cuda.Stream | None:
-        return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-
-
-@dataclass
-class StepResult:
-    outputs: dict[int, Tensor]
-    captures: dict[int, bytes]
+        return self._steps.stream()

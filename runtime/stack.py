@@ -3,14 +3,8 @@
 The hidden state goes through the layers in checkpoint order. Plain layers hand `(x, residual)` from layer to
 layer (the runtime owns the residual: zeros before the first layer, and the step's result is `x + residual`, the
 HF hidden state after the last layer); hc layers hand the streams `[T, n*C]`. Verify modes write each layer's
-stash, prefill modes each layer's capture rows; both are sized once from `RuntimeLimits`.
-
-PLE (`PleFeeds`, `StepRows`): one `runtime.ple.Prestage` per PLE layer, keyed by pool slot, and per-step rows.
-
-The prestage owns the id carries, the row cache and the fixed device buffer `ple_rows`; this module decides *when*
-a step stages (lazily when its PLE layer is reached, or hoisted before a CUDA-graph replay), and when carries
-commit: a prefill or decode commits them with the step; a verify does not (its drafts may be rejected), so the
-carries are put back after staging and `accept(j)` advances them by the j accepted ids, like the pools.
+stash, prefill modes each layer's capture rows; both are sized once from `RuntimeLimits`. PLE layers read their
+rows through `StepContext.rows` (`runtime.ple.feeds` stages them).
 """
 
 from __future__ import annotations
@@ -18,19 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.checkpoint import PleTable
-from ..model.config import GdnConfig
-from ..model.modes import LayerMode
-from ..model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
-from ..plugins.packing import Packing
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.modes import LayerMode, Writes
+from gdn_trt.model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
+from gdn_trt.plugins.packing import Packing
+
 from .adapters import AdapterSlots
-from .backends import Engine, LayerCall
-from .plan import RuntimeLimits
-from .ple.prestage import Prestage, PrestageCounters
+from .budget import RuntimeLimits
+from .engine import Engine, LayerCall
 from .state import StatePool
 
 RowsFn = Callable[[int], Tensor]  # layer index -> PLE rows [T, heads, d_h] of the step, staged on first call
@@ -102,9 +94,10 @@ class Stack:
 
     def extra(self, mode: LayerMode, layer_idx: int, tokens: int, capture_at: Tensor | None
               ) -> StateStash | StateCapture | None:
-        if mode.uses_stash:
+        writes = mode.spec.writes
+        if writes is Writes.STASH:
             return self.buffers.stash_view(layer_idx, tokens)
-        if mode.chunked:
+        if writes is Writes.POOLS_CAPTURE:
             return self.buffers.capture_view(layer_idx, capture_at)
         return None
 
@@ -144,88 +137,3 @@ class StepContext:
     rows: RowsFn
     capture_at: Tensor | None
     stream: torch.cuda.Stream | None
-
-
-class SlotCarries:
-    """The `state.IdCarries` view of one prestage: carries keyed by pool slot (reset = fresh EOS carry)."""
-
-    def __init__(self, prestage: Prestage):
-        self.prestage = prestage
-
-    def read(self, slot: int) -> list[int]:
-        return self.prestage.get_carry(slot).tolist()
-
-    def write(self, slot: int, ids: list[int]) -> None:
-        self.prestage.set_carry(slot, ids)
-
-    def reset(self, slot: int) -> None:
-        if slot in self.prestage:
-            self.prestage.drop_carry(slot)
-        self.prestage.add_carry(slot)
-
-
-class PleFeeds:
-    """Prestages of every PLE layer of `cfg`, sized from `limits`, uploading to `device`."""
-
-    def __init__(self, cfg: GdnConfig, tables: dict[int, PleTable], limits: RuntimeLimits, device: torch.device):
-        missing = [i for i in cfg.gdn_layer_ids if cfg.has_ple(i) and i not in tables]
-        if missing:
-            raise ValueError(f"PLE layers {missing} have no n-gram row table in the checkpoint")
-        self.cfg = cfg
-        self.stages: dict[int, Prestage] = {
-            i: Prestage(cfg, i, tables[i], limits.max_step_tokens, device, limits.ple_cache_rows)
-            for i in cfg.gdn_layer_ids if cfg.has_ple(i)}
-
-    @property
-    def layers(self) -> frozenset[int]:
-        return frozenset(self.stages)
-
-    def carries(self) -> dict[int, SlotCarries]:
-        return {i: SlotCarries(p) for i, p in self.stages.items()}
-
-    def check_ids(self, ids: np.ndarray, what: str) -> None:
-        """Refuse ids the hash cannot take, before any state changes."""
-        V = self.cfg.vocab_size
-        if ids.size and (ids.min() < 0 or ids.max() >= V):
-            raise ValueError(f"{what}: token ids outside the vocabulary [0, {V})")
-
-    def carries_after(self, slot: int, ids: np.ndarray) -> dict[int, list[int]]:
-        """Per PLE layer, the id carry of `slot` after `ids` more tokens (nothing stored): capture points."""
-        return {i: p.hasher.hash_sequence(ids, p.get_carry(slot))[1].tolist() for i, p in self.stages.items()}
-
-    def commit(self, slot: int, ids: np.ndarray) -> None:
-        """Advance the id carries of `slot` by `ids` (accepted draft tokens)."""
-        for i, c in self.carries_after(slot, ids).items():
-            self.stages[i].set_carry(slot, c)
-
-    def counters(self) -> dict[int, PrestageCounters]:
-        return {i: p.counters() for i, p in self.stages.items()}
-
-
-class StepRows:
-    """PLE rows of one step group: `rows(layer)` stages that layer's rows on first call (hoisting = calling it for
-    every PLE layer before a replay); `commit=False` (verify) puts the id carries back after staging."""
-
-    def __init__(self, feeds: PleFeeds | None, seqs: list[tuple[int, np.ndarray]], commit: bool,
-                 stream: torch.cuda.Stream | None):
-        self.feeds, self.seqs, self.commit, self.stream = feeds, seqs, commit, stream
-        self._rows: dict[int, Tensor] = {}
-
-    def rows(self, layer_idx: int) -> Tensor:
-        if layer_idx not in self._rows:
-            p = self.feeds.stages[layer_idx]
-            before = {s: p.get_carry(s) for s, _ in self.seqs} if not self.commit else {}
-            self._rows[layer_idx] = p.stage(self.seqs, self.stream)
-            for s, c in before.items():
-                p.set_carry(s, c)
-        return self._rows[layer_idx]
-
-    def hoist(self) -> None:
-        if self.feeds is not None:
-            for i in self.feeds.stages:
-                self.rows(i)
-
-    def rearm(self, consumed: torch.cuda.Event | None) -> None:
-        """After the step read the rows: the next upload may reuse the buffers (see `Prestage.rearm`)."""
-        for i in self._rows:
-            self.feeds.stages[i].rearm(consumed)

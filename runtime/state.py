@@ -27,8 +27,10 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ..model.config import GdnConfig
-from ..model.state import BufferSpec, LayerState
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.dtypes import DTYPES, dtype_name
+from gdn_trt.model.errors import GdnTrtError
+from gdn_trt.model.state import BufferSpec, LayerState
 
 MAGIC = b"GDNSNAP"
 FORMAT_VERSION = 1
@@ -37,15 +39,13 @@ LAYOUT = ("ssm [HV, K, V] key-dim rows; conv [conv_dim, W-1] pre-conv inputs old
           "ple_conv [n*C, (k-1)*dilation] oldest first; ple_ids [ngram_size-1] int64 oldest first")
 _PREFIX = struct.Struct("<7sBI")
 _CRC = struct.Struct("<I")
-_DTYPES = {str(d).replace("torch.", ""): d for d in (torch.float32, torch.float64, torch.bfloat16, torch.float16,
-                                                      torch.int64)}
 
 
-class SnapshotError(ValueError):
+class SnapshotError(GdnTrtError, ValueError):
     """A snapshot that cannot be restored into this pool (corrupt, truncated, foreign config or layout)."""
 
 
-class PoolFullError(RuntimeError):
+class PoolFullError(GdnTrtError, RuntimeError):
     """Every slot is taken: the limit to raise is max_seqs (or release sequences first)."""
 
 
@@ -86,7 +86,7 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
-        n = _DTYPES[self.dtype].itemsize
+        n = DTYPES[self.dtype].itemsize
         for d in self.shape:
             n *= d
         return n
@@ -163,7 +163,7 @@ class StatePool:
             for part in ("conv", "ssm", "ple_conv"):
                 t = getattr(st, part)
                 if t is not None:
-                    out.append(TensorEntry(f"layer{i}.{part}", _dtype_name(t.dtype), tuple(t.shape[1:])))
+                    out.append(TensorEntry(f"layer{i}.{part}", dtype_name(t.dtype), tuple(t.shape[1:])))
             if i in self.id_carries:
                 out.append(TensorEntry(f"layer{i}.ple_ids", "int64", (self.cfg.ngram_size - 1,)))
         return tuple(out)
@@ -269,13 +269,9 @@ class StatePool:
             raise SnapshotError(f"snapshot payload is {payload_bytes} bytes, the header describes {offset}")
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 def _raw(t: Tensor) -> bytes:
     return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _tensor(raw: bytes, e: TensorEntry) -> Tensor:
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(_DTYPES[e.dtype]).reshape(e.shape)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(DTYPES[e.dtype]).reshape(e.shape)

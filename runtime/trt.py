@@ -12,11 +12,11 @@ Imports tensorrt, so it is imported only where TensorRT exists (`backends.build_
 - each profile is set once at load with `set_optimization_profile_async` on the stream the session steps on (the
   current stream of the device), whose return value is checked, and that stream is synchronised once (CUDA-graph
   warm-ups run on a side stream);
-- at run time every input is bound to the runtime's tensor (`backends.bind_inputs`) after `set_input_shape`
+- at run time every input is bound to the runtime's tensor (`plans.bind_inputs`) after `set_input_shape`
   (checked: a shape outside the profile is an error naming the tensor), the activation outputs to fresh tensors,
   and each aliased output (`<buffer>_out`) either to the address of the input it updates (in place) or, where the
   plan does not confirm the alias, to a buffer of its own that is copied into the runtime's buffer after the step
-  (`backends.in_place_outputs`: TensorRT >= 10.15 answers through `get_aliased_input_tensor`; older TensorRT has no
+  (`plans.in_place_outputs`: TensorRT >= 10.15 answers through `get_aliased_input_tensor`; older TensorRT has no
   way to confirm it, so the copy is taken there); then `execute_async_v3` on the step's stream.
 """
 
@@ -30,12 +30,14 @@ import tensorrt as trt
 import torch
 from torch import Tensor
 
-from ..export.build import context_memory
-from ..export.spec import GraphSpec
-from ..model.config import GdnConfig
-from ..model.modes import LayerMode
-from ..model.state import StepOutput
-from .backends import Engine, LayerCall, PlanMatch, bind_inputs, find_plans, in_place_outputs
+from gdn_trt.export.spec import GraphSpec
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.state import StepOutput
+from gdn_trt.plugins.trt_common import context_memory
+
+from .engine import Engine, LayerCall
+from .plans import PlanMatch, bind_inputs, find_plans, in_place_outputs
 
 log = logging.getLogger("gdn_trt.runtime")
 _LOGGER = trt.Logger(trt.Logger.WARNING)

@@ -1,9 +1,8 @@
-"""Helpers shared by the Triton kernel tests."""
+"""Helpers shared by the Triton kernel tests (the random inputs and `Step` are in `gdn_trt.plugins.samples`)."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 
@@ -17,15 +16,3 @@ def poisoned(module):
         yield
     finally:
         module._new = orig
-
-
-@dataclass(frozen=True)
-class Step:
-    """One packed step of a kernel test: token count and pool slot per sequence, optional capture points."""
-
-    lengths: tuple[int, ...]
-    slots: tuple[int, ...]
-    capture_at: tuple[int, ...] = ()
-
-    def __str__(self) -> str:
-        return "L" + "-".join(map(str, self.lengths))

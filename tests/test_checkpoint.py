@@ -23,7 +23,7 @@ def test_config_round_trips_through_hf_json(name):
 
 
 def test_from_hf_reads_the_release_configs():
-    """Field values of the released configs (reference/gdn.md §1.1, §1.12; ple_hc.md §2.4) give the presets' shapes."""
+    """Field values of the released configs (their HF config.json) give the presets' shapes."""
     next80 = {"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "full_attention_interval": 4,
               "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
               "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "hidden_act": "silu",

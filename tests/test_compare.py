@@ -13,7 +13,7 @@ import pytest
 from gdn_trt.export import cli
 from gdn_trt.export.compare import CompareOptions, compare_graph, layers_of
 from gdn_trt.export.data import GraphData
-from gdn_trt.export.modes import LayerMode
+from gdn_trt.model.modes import LayerMode, Writes
 from gdn_trt.export.spec import Limits, Variant, graph_spec
 from gdn_trt.model.config import preset
 
@@ -95,11 +95,11 @@ def test_inputs_are_valid_packings(mode, limits):
         assert len(set(live.tolist())) == len(live) and np.all(slots < limits.pool_slots) and np.all(slots >= -1)
         for t in spec.inputs:
             assert feed[t.name].shape == t.shape({**case.sizes(), "S": limits.pool_slots}), t.name
-        if mode.uses_capture:
+        if mode.spec.writes is Writes.POOLS_CAPTURE:
             assert np.all((feed["capture_at"] >= -1) & (feed["capture_at"] <= np.diff(cu)))
         seen_padding |= bool(np.any(slots == -1))
         seen_empty |= bool(np.any(np.diff(cu) == 0))
-    if not mode.single_sequence and limits.max_seqs > 2:
+    if not mode.spec.single_sequence and limits.max_seqs > 2:
         assert seen_padding, "multi-sequence modes must include a padding sequence (slot -1)"
     if mode in (LayerMode.VERIFY_MULTI, LayerMode.PREFILL_VARLEN) and limits.max_seqs > 2:
         assert seen_empty, "verify / varlen prefill must include a sequence with zero tokens"

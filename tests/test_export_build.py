@@ -10,7 +10,8 @@ import types
 import pytest
 
 from gdn_trt.export import cli
-from gdn_trt.export.build import PLUGIN_MODULES, PREVIEW_FEATURES, context_memory, preview_feature_set
+from gdn_trt.export.build import PLUGIN_MODULES, PREVIEW_FEATURES, preview_feature_set
+from gdn_trt.plugins.trt_common import context_memory
 from gdn_trt.plugins.spec import NAMESPACE, OPS, PLUGIN_VERSION
 
 from .conftest import has_tensorrt

@@ -14,6 +14,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.plugins.causal_conv1d import naive as conv_naive
 from gdn_trt.plugins.causal_conv1d import onnx as conv_onnx
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
@@ -23,7 +24,7 @@ from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
 from gdn_trt.plugins.packing import Capture, Packing
 from gdn_trt.plugins.spec import (CONV_PREFILL, CONV_UPDATE, CONV_UPDATE_STASH, GDN_CHUNKED, GDN_RECURRENT,
                                   GDN_RECURRENT_STASH, NAMESPACE, PLUGIN_VERSION, OpSpec)
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 _ONNX_TYPES = {torch.float32: TensorProto.FLOAT, torch.int32: TensorProto.INT32}
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdn_trt.runtime.plan import RuntimeLimits
-from gdn_trt.runtime.session import Prompt, Session, SessionOptions
+from gdn_trt.runtime.budget import RuntimeLimits
+from gdn_trt.runtime.seqs import Prompt
+from gdn_trt.runtime.session import Session, SessionOptions
 
 pytestmark = pytest.mark.gpu
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gdn_trt.export.modes import LayerMode
+from gdn_trt.model.modes import LayerMode, Writes
 from gdn_trt.export.spec import GraphSpec, Limits, Role, Variant, graph_spec
 from gdn_trt.model.config import preset
 
@@ -27,10 +27,11 @@ def test_io_names_order_and_aliases(name, layer, mode):
     acts = ["streams"] if cfg.is_hc else ["x", "residual"]
     ple = ["ple_rows"] if s.variant is Variant.HC_PLE else []
     parts = ["conv", "ssm"] + (["ple_conv"] if ple else [])
-    want_in = acts + ple + ["cu_seqlens", "slots"] + (["capture_at"] if mode.chunked else [])
+    capture = mode.spec.writes is Writes.POOLS_CAPTURE
+    want_in = acts + ple + ["cu_seqlens", "slots"] + (["capture_at"] if capture else [])
     want_in += [f"{p}_pool" for p in parts]
-    updated = [f"{p}_stash" for p in parts] if mode.uses_stash else [f"{p}_pool" for p in parts]
-    if mode.chunked:
+    updated = [f"{p}_stash" for p in parts] if mode.spec.writes is Writes.STASH else [f"{p}_pool" for p in parts]
+    if capture:
         updated += [f"{p}_capture" for p in parts]
     want_in += [u for u in updated if not u.endswith("_pool")]
     assert list(s.input_names) == want_in
@@ -62,7 +63,7 @@ def test_profiles_follow_the_limits(mode):
     T_max = {LayerMode.DECODE: 1, LayerMode.DECODE_MULTI_SEQ: 8, LayerMode.DECODE_BATCHED: 3,
              LayerMode.VERIFY_MULTI: 24, LayerMode.PREFILL: 300, LayerMode.PREFILL_VARLEN: 300}[mode]
     assert top["x"][2][0] == T_max
-    N_max = 1 if mode.single_sequence else 8
+    N_max = 1 if mode.spec.single_sequence else 8
     assert top["slots"][2] == (N_max,) and top["cu_seqlens"][2] == (N_max + 1,)
 
 

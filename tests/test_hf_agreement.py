@@ -10,13 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.state import BufferSpec, LayerState, StateCapture, StepInput
 from gdn_trt.plugins.packing import Packing
 
 from .hf_reference import F64, HfLayer
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 PRESETS = ["tiny-next", "tiny-next-mlp", "tiny-3.5", "tiny-4exp"]
 HF = tol(F64, "hf")

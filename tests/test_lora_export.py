@@ -22,15 +22,16 @@ import torch
 from gdn_trt.export import cli
 from gdn_trt.export.artifacts import Manifest
 from gdn_trt.export.compare import CompareOptions, compare_graph, layers_of
-from gdn_trt.export.modes import LayerMode
+from gdn_trt.model.modes import LayerMode
 from gdn_trt.export.refit import check_refit_pair
 from gdn_trt.export.spec import GraphSpec, Limits, Role, graph_spec
 from gdn_trt.model.checkpoint import make_synthetic_checkpoint
 from gdn_trt.model.lora import LoraLimits, LoraTarget
 from gdn_trt.model.peft import SyntheticAdapter, make_synthetic_adapter
 from gdn_trt.model.state import StepInput
-from gdn_trt.runtime.backends import LayerCall, PlanMatch, PlanMismatchError, bind_inputs, find_plans
-from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.engine import LayerCall
+from gdn_trt.runtime.plans import PlanMatch, PlanMismatchError, bind_inputs, find_plans
+from gdn_trt.runtime.budget import RuntimeLimits
 
 from .conftest import has_tensorrt
 from .test_runtime_support import open_session
@@ -97,8 +98,8 @@ def test_runtime_binds_every_lora_graph_input(tmp_path):
     cfg, i = sess.cfg, 0
     for mode in LayerMode:
         spec = graph_spec(cfg, i, mode, Limits(4, 96, 4, 4, lora=LORA), "float32")
-        T = 1 if mode.single_sequence else 2
-        lengths = [T] if mode.single_sequence else [1, 1] if mode.one_token_per_sequence else [2, 1]
+        T = 1 if mode.spec.single_sequence else 2
+        lengths = [T] if mode.spec.single_sequence else [1, 1] if mode.spec.one_token_per_sequence else [2, 1]
         packed = sess.stack.packed(torch.zeros(sum(lengths), cfg.stream_dim), lengths, list(range(len(lengths))),
                                    [0, -1][:len(lengths)])
         at = torch.full((len(lengths),), -1, dtype=torch.int32)

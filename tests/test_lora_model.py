@@ -20,16 +20,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.lora import (LoraInput, LoraLimits, LoraTarget, Proj, SlotWeights, apply_sites, build_slots,
                                 merge_layer, one_hot)
-from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.modes import LayerMode, Writes
 from gdn_trt.model.peft import SyntheticAdapter, load_adapter, make_synthetic_adapter, merge_checkpoint
 from gdn_trt.model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput
 from gdn_trt.plugins.packing import Packing
 
 from .lora_support import checkpoint_with_adapters, hf_tensor, internal_index, to_f64, token_slots
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 F64 = torch.float64
 EXACT = tol(F64)
@@ -133,9 +134,9 @@ def layers(request, tmp_path_factory):
 
 def _extra(cfg, i, mode, lengths, capture):
     spec = BufferSpec(F64)
-    if mode.uses_stash:
+    if mode.spec.writes is Writes.STASH:
         return StateStash.allocate(cfg, i, sum(lengths), spec)
-    if mode.chunked:
+    if mode.spec.writes is Writes.POOLS_CAPTURE:
         return StateCapture.allocate(cfg, i, torch.tensor(capture, dtype=torch.int32), spec)
     return None
 
@@ -191,15 +192,15 @@ def test_mixed_adapters_equal_each_sequence_alone(layers, mixed_mode, alone_mode
         for name in ("conv", "ssm", "ple_conv"):
             if getattr(pool, name) is None:
                 continue
-            if mixed_mode.updates_pools:
+            if mixed_mode.spec.writes is not Writes.STASH:
                 assert_close(f"{what}: {name} pool row", getattr(alone_pool, name)[row], getattr(pool, name)[row],
                              EXACT)
-            if mixed_mode.uses_stash:
+            if mixed_mode.spec.writes is Writes.STASH:
                 assert_close(f"{what}: {name} stash", getattr(got[1], name), getattr(res_mixed[1], name)[a:b], EXACT)
-            if mixed_mode.chunked and caps[k] >= 0:
+            if mixed_mode.spec.writes is Writes.POOLS_CAPTURE and caps[k] >= 0:
                 assert_close(f"{what}: {name} capture", getattr(got[2], name)[0], getattr(res_mixed[2], name)[k],
                              EXACT)
-    untouched = [r for r in range(6) if r not in POOL_ROWS or not mixed_mode.updates_pools]
+    untouched = [r for r in range(6) if r not in POOL_ROWS or mixed_mode.spec.writes is Writes.STASH]
     for t, t0 in zip(pool.tensors(), start):
         assert torch.equal(t[untouched], t0[untouched]), "rows of other slots must not change"
 

@@ -16,14 +16,16 @@ import hashlib
 import pytest
 import torch
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.lora import LoraLimits, merge_layer
 from gdn_trt.model.peft import AdapterError, SyntheticAdapter, load_adapter, make_synthetic_adapter
-from gdn_trt.runtime.plan import RuntimeLimits, lora_slot_bytes
-from gdn_trt.runtime.session import Prompt, Session, SessionOptions, load_source
+from gdn_trt.runtime.budget import RuntimeLimits, lora_slot_bytes
+from gdn_trt.runtime.seqs import Prompt
+from gdn_trt.runtime.session import Session, SessionOptions, load_source
 
 from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session, reference, sub, tok
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 TOL = tol(torch.float32)
 LORA = LoraLimits(max_adapters=2, max_rank=6)
@@ -195,11 +197,11 @@ def test_snapshot_holds_state_not_the_adapter(world):
         assert torch.equal(x, y)
 
 
-def test_planner_counts_the_slots_it_allocates(world):
+def test_budget_counts_the_slots_it_allocates(world):
     sess = world["sess"]
     assert sess.adapters.device_bytes() == lora_slot_bytes(sess.cfg, LORA, "float32") > 0
-    from gdn_trt.runtime.plan import plan
-    rows = {r.item: r for r in plan(sess.cfg, SLOTTED, "float32", False).rows}
+    from gdn_trt.runtime.budget import budget
+    rows = {r.item: r for r in budget(sess.cfg, SLOTTED, "float32", False).rows}
     assert rows["LoRA slots (2 adapters x rank 6)"].device == sess.adapters.device_bytes()
 
 

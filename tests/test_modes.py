@@ -1,4 +1,4 @@
-"""Mode equivalences of the layer (DESIGN §10.2), plain, hc and hc+PLE, float64 on the CPU.
+"""Mode equivalences of the layer, plain, hc and hc+PLE, float64 on the CPU.
 
 T x DECODE == PREFILL of T tokens; PREFILL_VARLEN == loop of PREFILL per sequence, each from its own slot;
 DECODE_MULTI_SEQ == loop of DECODE; VERIFY stash row j == state after j+1 DECODE steps (pools untouched);
@@ -14,13 +14,14 @@ from dataclasses import fields
 import pytest
 import torch
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
 from gdn_trt.model.config import preset
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput
 from gdn_trt.plugins.packing import Packing
 
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 F64 = torch.float64
 EXACT = tol(F64)

@@ -1,4 +1,5 @@
-"""PLE n-gram hashing: the vectors of reference/ple_hc.md §5.4-5.5, HF's `Qwen4ExpTextNGramEmbedding`, chunking."""
+"""PLE n-gram hashing: the vectors of docs/math.md#hash (and more, from a reimplementation of HF's functions), HF's
+`Qwen4ExpTextNGramEmbedding`, chunking."""
 
 from __future__ import annotations
 

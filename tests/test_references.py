@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.plugins.causal_conv1d import naive as conv_ref
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.gated_delta_rule import naive as gdn_ref
@@ -21,7 +22,7 @@ from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
 from gdn_trt.plugins.packing import Capture, Packing
 from gdn_trt.plugins.spec import Activation
 
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 F64 = torch.float64
 EXACT = tol(F64)

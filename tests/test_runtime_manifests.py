@@ -13,8 +13,8 @@ import torch
 from gdn_trt.export.spec import Limits, graph_spec
 from gdn_trt.model.config import preset
 from gdn_trt.model.modes import LayerMode
-from gdn_trt.runtime.backends import (PlanMismatchError, find_plans, in_place_outputs, planned_context_memory,
-                                      trt_context_budget)
+from gdn_trt.runtime.backends import trt_context_budget
+from gdn_trt.runtime.plans import PlanMismatchError, find_plans, in_place_outputs, planned_context_memory
 
 
 def _write(root, cfg, layer, mode, dtype="float32", **extra):

@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 import torch
 
-from gdn_trt.runtime.plan import RuntimeLimits
+from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.session import Session, SessionOptions
 
 PLAIN, HC_PLE = "tiny-3.5", "tiny-4exp"
@@ -75,5 +75,5 @@ def fingerprint(sess: Session) -> str:
     for seq, s in sorted(sess._seqs.items()):
         h.update(repr((seq, s.slot, s.position, None if s.pending is None else
                        (s.pending.epoch, s.pending.row, s.pending.count))).encode())
-    h.update(repr((sess.pool.free_slots, sess._epoch)).encode())
+    h.update(repr((sess.pool.free_slots, sess._seqs.epoch)).encode())
     return h.hexdigest()

@@ -8,11 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
-from gdn_trt.runtime.plan import RuntimeLimits
-from gdn_trt.runtime.session import Prompt, Session, SessionOptions
+from gdn_trt.runtime.budget import RuntimeLimits
+from gdn_trt.runtime.seqs import Prompt
+from gdn_trt.runtime.session import Session, SessionOptions
 
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 pytestmark = pytest.mark.gpu
 trt = pytest.importorskip("tensorrt", reason="TensorRT is not installed: pip install 'gdn-trt[trt]'")

@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 
-from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.modes import LayerMode, StepKind
 from gdn_trt.runtime.backends import TorchEngine
-from gdn_trt.runtime.select import GraphPolicy, NoEngineError, Selector, StepKind, Work
+from gdn_trt.runtime.select import GraphPolicy, NoEngineError, Selector, Work
 
 from .test_runtime_support import HC_PLE, PLAIN, open_session
 

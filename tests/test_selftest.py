@@ -1,4 +1,4 @@
-"""The TensorRT selftest (`python -m gdn_trt.runtime.selftest`) without TensorRT: it exits 2 naming what is missing
+"""The TensorRT selftest (`python -m gdn_trt.app.selftest`) without TensorRT: it exits 2 naming what is missing
 and writes nothing; its one-node graphs are valid ONNX that ONNX Runtime runs (the function body) to the float64
 reference; its copy arithmetic and nsys table reader. The selftest itself runs on a TensorRT machine only."""
 
@@ -13,10 +13,11 @@ from gdn_trt.plugins.gated_delta_rule import naive
 from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
 from gdn_trt.plugins.packing import Packing
 from gdn_trt.plugins.spec import CONV_UPDATE, GDN_RECURRENT, NAMESPACE
-from gdn_trt.runtime import selftest
+from gdn_trt.app import selftest
+from gdn_trt.export.tolerances import tol
 
 from .conftest import has_tensorrt
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 
 @pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed: the selftest runs instead")

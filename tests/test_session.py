@@ -11,13 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.state import StepOutput
-from gdn_trt.runtime.session import Prompt
+from gdn_trt.runtime.seqs import Prompt
 from gdn_trt.runtime.stack import StepContext
 
 from .test_runtime_support import HC_PLE, PLAIN, inputs, open_session, reference, slot_state, sub, tok
-from .tolerances import assert_close, tol
+from .tolerances import assert_close
 
 TOL = tol(torch.float32)
 PRESETS = [pytest.param(PLAIN, id="plain"), pytest.param(HC_PLE, id="hc+ple")]

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.modes import LayerMode, Writes
 from gdn_trt.runtime.backends import TorchEngine
-from gdn_trt.runtime.plan import BudgetError, RuntimeLimits
+from gdn_trt.runtime.budget import BudgetError, RuntimeLimits
 from gdn_trt.runtime.select import NoEngineError
-from gdn_trt.runtime.session import Prompt, SequenceError, Session, SessionOptions
+from gdn_trt.runtime.seqs import Prompt, SequenceError
+from gdn_trt.runtime.session import Session, SessionOptions
 from gdn_trt.runtime.state import PoolFullError, SnapshotError
 
 from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session
@@ -144,7 +145,7 @@ class _NoVerify(TorchEngine):
     """A real torch engine that covers no verify step of more than 2 tokens (like a TensorRT profile would)."""
 
     def refuse(self, mode, seqs, tokens):
-        if mode.uses_stash and tokens > 2:
+        if mode.spec.writes is Writes.STASH and tokens > 2:
             return f"profile max is 2 tokens, the step has {tokens}"
         return super().refuse(mode, seqs, tokens)
 

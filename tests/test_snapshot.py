@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gdn_trt.runtime import state as st
-from gdn_trt.runtime.session import Prompt
+from gdn_trt.runtime.seqs import Prompt
 from gdn_trt.runtime.state import SnapshotError
 
 from .test_runtime_support import HC_PLE, PLAIN, fingerprint, inputs, open_session

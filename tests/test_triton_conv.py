@@ -13,12 +13,15 @@ import pytest
 import torch
 from torch import Tensor
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.plugins.causal_conv1d import naive
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.packing import Capture, Packing
+from gdn_trt.plugins.samples import Step
 from gdn_trt.plugins.spec import Activation
-from .kernel_support import Step, poisoned
-from .tolerances import assert_close, tol
+
+from .kernel_support import poisoned
+from .tolerances import assert_close
 
 POOL_ROWS = 8
 

@@ -10,58 +10,20 @@ unwritten stash / capture rows still NaN, output rows of padding sequences exact
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from torch import Tensor
 
+from gdn_trt.export.tolerances import tol
 from gdn_trt.plugins.gated_delta_rule import naive
-from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
 from gdn_trt.plugins.packing import Capture, Packing
-from .kernel_support import Step, poisoned
-from .tolerances import assert_close, tol
+from gdn_trt.plugins.samples import POOL_ROWS, VARLEN_STEP, Heads, Step, f64_inputs, make_inputs
 
-POOL_ROWS = 8
-
-
-@dataclass(frozen=True)
-class Heads:
-    """H key heads of dim K, HV = G*H value heads of dim V."""
-
-    H: int
-    G: int
-    K: int
-    V: int
-
-    @property
-    def HV(self) -> int:
-        return self.H * self.G
-
-    def __str__(self) -> str:
-        return f"H{self.H}G{self.G}K{self.K}V{self.V}"
-
+from .kernel_support import poisoned
+from .tolerances import assert_close
 
 QWEN3_NEXT = Heads(16, 2, 128, 128)
 QWEN35_27B = Heads(16, 3, 128, 128)
-
-
-def make_inputs(step: Step, heads: Heads, dtype: torch.dtype, device: str, pool_rows: int = POOL_ROWS
-                ) -> tuple[GdnInputs, Packing, Tensor]:
-    """Random inputs as the layer passes them: q, k, v, a, b are column slices of one projection (strided views).
-    Decay rates span slow and fast heads (A_log in [-4, 1]) so both long memory and underflowing decays occur."""
-    T, (H, HV, K, V) = sum(step.lengths), (heads.H, heads.HV, heads.K, heads.V)
-    widths = [H * K, H * K, HV * V, HV, HV]
-    proj = torch.randn(T, sum(widths) + 3, device=device).to(dtype)
-    q, k, v, a, b = torch.split(proj[:, 3:], widths, dim=1)
-    x = GdnInputs(q.unflatten(1, (H, K)), k.unflatten(1, (H, K)), v.unflatten(1, (HV, V)), a, b,
-                  torch.empty(HV, device=device).uniform_(-4, 1), torch.randn(HV, device=device))
-    pool = torch.randn(pool_rows, HV, K, V, device=device) * 0.5
-    return x, Packing.build(list(step.lengths), list(step.slots), device), pool
-
-
-def _f64(x: GdnInputs) -> GdnInputs:
-    return GdnInputs(*(t.detach().cpu().double() for t in (x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias)))
 
 
 def _tri():
@@ -101,7 +63,7 @@ def check_recurrent(step: Step, heads: Heads, dtype: torch.dtype, device: str, s
     if stash:
         stash_ref = torch.full((T, *x.state_shape), float("nan"), dtype=torch.float64)
         got_stash = torch.full((T, *x.state_shape), float("nan"), device=device)
-        o_ref = naive.recurrent_stash(_f64(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, stash_ref)
+        o_ref = naive.recurrent_stash(f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, stash_ref)
         with poisoned(tri):
             o = tri.recurrent_stash(x, pack, got_pool, got_stash)
         written = ~torch.isnan(stash_ref[:, 0, 0, 0])
@@ -109,7 +71,7 @@ def check_recurrent(step: Step, heads: Heads, dtype: torch.dtype, device: str, s
         assert_close("ssm_stash", stash_ref[written], got_stash.cpu()[written], bound)
         assert torch.equal(got_pool, pool), "recurrent_stash wrote the pool"
     else:
-        o_ref = naive.recurrent(_f64(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref)
+        o_ref = naive.recurrent(f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref)
         with poisoned(tri):
             o = tri.recurrent(x, pack, got_pool)
         assert_pool(pool, pool_ref, got_pool, _live(step), bound)
@@ -125,7 +87,7 @@ def check_chunked(step: Step, heads: Heads, dtype: torch.dtype, device: str) -> 
     at = torch.tensor(step.capture_at, dtype=torch.int32)
     cap_ref = torch.full((N, *x.state_shape), float("nan"), dtype=torch.float64)
     pool_ref = pool.cpu().double()
-    o_ref = naive.chunked(_f64(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, Capture(at, cap_ref))
+    o_ref = naive.chunked(f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, Capture(at, cap_ref))
     got_pool = pool.clone()
     got_cap = torch.full((N, *x.state_shape), float("nan"), device=device)
     tri = _tri()
@@ -148,9 +110,6 @@ DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float32, i
 ODD = [Heads(4, 3, 64, 128), Heads(2, 1, 128, 64), Heads(3, 2, 32, 48)]  # K != V, G in {1, 2, 3}
 # mixed lengths (chunk-aligned and not), an empty sequence, a padding sequence, captures at 0, inside, at a chunk
 # boundary, at the end, and none (also bench/fp32_dots.py's step)
-VARLEN_STEP = Step((1, 63, 65, 0, 1000, 130, 64), (0, 3, 6, 5, 1, -1, 2), (1, 10, 64, 0, 640, 7, -1))
-
-
 def _decode_step(n: int) -> Step:
     slots = [(7 * i + 3) % (4 * n) for i in range(n)]
     slots[n // 2] = -1  # a padding row, as CUDA-graph buckets add

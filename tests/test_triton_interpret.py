@@ -33,12 +33,11 @@ if not INSIDE:
         assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
 
 else:
-    from .test_triton_conv import Conv
-    from .test_triton_conv import Step as ConvStep
-    from .test_triton_conv import check_conv
-    from .test_triton_gdn import Heads, Step, check_chunked, check_recurrent
-
+    from gdn_trt.plugins.samples import Heads, Step
     from gdn_trt.plugins.spec import Activation
+
+    from .test_triton_conv import Conv, check_conv
+    from .test_triton_gdn import check_chunked, check_recurrent
 
     F32 = torch.float32
 
@@ -82,16 +81,16 @@ else:
         check_chunked(Step((80, 5), (1, 0), (64, -1)), Heads(1, 2, 48, 24), F32, "cpu")
 
     def test_conv_update():
-        check_conv(ConvStep((1, 1, 1), (3, -1, 0)), Conv(40), F32, "cpu", "update")
+        check_conv(Step((1, 1, 1), (3, -1, 0)), Conv(40), F32, "cpu", "update")
         # one-token path with dilation (taps every DIL-th history column) and no activation; two tokens: the loop
-        check_conv(ConvStep((1, 2, 1), (0, 4, 2)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
+        check_conv(Step((1, 2, 1), (0, 4, 2)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
                    "cpu", "update")
 
     def test_conv_update_stash():
-        check_conv(ConvStep((3, 0, 2, 1), (1, 2, -1, 5)), Conv(24, dilation=3), F32, "cpu", "update_stash")
+        check_conv(Step((3, 0, 2, 1), (1, 2, -1, 5)), Conv(24, dilation=3), F32, "cpu", "update_stash")
 
     def test_conv_prefill():
-        check_conv(ConvStep((3, 0, 5, 70), (1, 2, -1, 5), (2, 0, 1, 65)), Conv(24, dilation=3), F32, "cpu",
+        check_conv(Step((3, 0, 5, 70), (1, 2, -1, 5), (2, 0, 1, 65)), Conv(24, dilation=3), F32, "cpu",
                    "prefill")
-        check_conv(ConvStep((7, 130), (4, 6), (3, 1)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
+        check_conv(Step((7, 130), (4, 6), (3, 1)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
                    "cpu", "prefill")

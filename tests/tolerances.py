@@ -1,57 +1,10 @@
-"""The one tolerance table, keyed by (dtype of the computation under test, output), and the comparison helper.
-
-Metric (FLA's `assert_close`): relative RMS error rms(got - ref) / rms(ref); the max-abs error is reported beside it.
-A comparison passes when the relative RMS error is within the bound, or when every element is within `floor`
-(for outputs that are ~0 everywhere, where a relative metric is meaningless). Never loosen an entry without
-writing the reason next to it.
-"""
+"""`assert_close`: the test suite's comparison over the one tolerance table (`gdn_trt.export.tolerances`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class Tol:
-    rel_rms: float
-    floor: float = 1e-6
-
-
-TOL: dict[tuple[str, str], Tol] = {
-    # two float64 formulations of the same math (token loop vs chunked WY, mode vs mode): rounding only
-    ("float64", ""): Tol(1e-11, 1e-12),
-    # the same fp32 computation reordered (mode equivalences in fp32, CUDA graph vs eager uses exact equality)
-    ("float32", ""): Tol(2e-5, 1e-6),
-    # HF reference in float64: HF computes the recurrence and the gated norm in float32 internally (the issue's bound)
-    ("float64", "hf"): Tol(1e-5, 1e-7),
-    # Triton kernels, fp32 inputs, against the float64 reference
-    ("float32", "recurrent"): Tol(1e-5),
-    ("float32", "chunked"): Tol(1e-4),  # 3xTF32 / IEEE dots (Tuning.fp32_dot); the WY solve reorders sums over 64-token chunks
-    ("float32", "conv"): Tol(1e-6),
-    # bf16 activations, fp32 state, against float64: FLA's published bounds (reference/gdn.md §5.5)
-    ("bfloat16", "recurrent"): Tol(2e-3),
-    ("bfloat16", "chunked"): Tol(5e-3),
-    ("bfloat16", "conv"): Tol(5e-3),  # one bf16 rounding of the output (2^-8 relative, RMS well below)
-}
-
-
-def tol(dtype: torch.dtype | str, output: str = "") -> Tol:
-    d = str(dtype).replace("torch.", "")
-    return TOL.get((d, output)) or TOL[(d, "")]
-
-
-def errors(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
-    """(relative RMS error, max-abs error), computed in float64."""
-    r, g = ref.detach().double().cpu(), got.detach().double().cpu()
-    if r.numel() == 0:
-        return 0.0, 0.0
-    diff = g - r
-    rms_ref, rms_diff = r.pow(2).mean().sqrt().item(), diff.pow(2).mean().sqrt().item()
-    if rms_ref == 0:
-        return (0.0 if rms_diff == 0 else float("inf")), diff.abs().max().item()
-    return rms_diff / rms_ref, diff.abs().max().item()
+from gdn_trt.export.tolerances import Tol, errors
 
 
 def assert_close(name: str, ref: torch.Tensor, got: torch.Tensor, bound: Tol) -> None:

@@ -1,12 +1,16 @@
-"""Parameters of the causal conv ops, shared by the reference, the Triton kernels and the torch ops."""
+"""Parameters of the causal conv ops, shared by the reference, the Triton kernels and the torch ops, and `dispatch`:
+how an op's named inputs and attributes map onto the entry points of a backend (the torch ops and the TensorRT
+plugins share it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 from torch import Tensor
 
-from ..spec import Activation
+from ..packing import Capture, Packing
+from ..spec import CONV_UPDATE, CONV_UPDATE_STASH, Activation, OpSpec
 
 
 @dataclass(frozen=True)
@@ -44,3 +48,15 @@ class ConvParams:
                              f"got {tuple(conv_pool.shape)}")
         if conv_pool.dtype != x.dtype:
             raise ValueError(f"conv_pool ({conv_pool.dtype}) must have the activation dtype ({x.dtype})")
+
+
+def dispatch(spec: OpSpec, m: ModuleType, t: dict[str, Tensor], attrs: dict) -> Tensor:
+    """Run op `spec` with backend `m` (`naive` or `triton`) on its inputs by name (`spec.inputs`) and its int
+    attributes (`spec.attrs`): the entry point writes the buffers in place and returns y `[T, D]`."""
+    conv = ConvParams(t["weight"], int(attrs["dilation"]), int(attrs["activation"]))
+    pack = Packing(t["cu_seqlens"], t["slots"])
+    if spec is CONV_UPDATE:
+        return m.update(t["x"], conv, pack, t["conv_pool"])
+    if spec is CONV_UPDATE_STASH:
+        return m.update_stash(t["x"], conv, pack, t["conv_pool"], t["conv_stash"])
+    return m.prefill(t["x"], conv, pack, t["conv_pool"], Capture(t["capture_at"], t["conv_capture"]))

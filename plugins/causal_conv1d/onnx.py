@@ -19,13 +19,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from ..onnx_common import Body, Packed, bcast, function_proto, translation
+from ..onnx_common import Body, PackingVectors, bcast, function_proto, translation
 from ..spec import CONV_PREFILL, CONV_UPDATE, CONV_UPDATE_STASH, Activation, OpSpec
 
 SPECS = (CONV_UPDATE, CONV_UPDATE_STASH, CONV_PREFILL)
 
 
-def _inputs_before(b: Body, pk: Packed, x: str, hist: str, back: str) -> str:
+def _inputs_before(b: Body, pk: PackingVectors, x: str, hist: str, back: str) -> str:
     """input(t, back) for every token t and offset in `back` [K]: [T, K, D]."""
     rel = b.op("Sub", b.unsq(pk.pos, 1), b.unsq(back, 0))  # position inside the sequence, [T, K]
     from_x = b.op("Gather", x, b.op("Max", b.op("Add", b.unsq(b.op("Sub", pk.t, pk.pos), 1), rel), b.const(0)),
@@ -40,7 +40,7 @@ def _inputs_before(b: Body, pk: Packed, x: str, hist: str, back: str) -> str:
 
 def body(spec: OpSpec) -> list[onnx.NodeProto]:
     b = Body()
-    pk = Packed(b, "x", spec)
+    pk = PackingVectors(b, "x", spec)
     x, w = b.cast("x"), b.cast("weight")
     dilation, one = b.attr_int("dilation"), b.const(1)
     W, L = b.scalar(b.dim("weight", 1)), b.scalar(b.dim("conv_pool", 2))
@@ -73,7 +73,7 @@ def body(spec: OpSpec) -> list[onnx.NodeProto]:
     return b.nodes
 
 
-def _rows_by_slot(b: Body, pk: Packed, rows: str, writes: str) -> str:
+def _rows_by_slot(b: Body, pk: PackingVectors, rows: str, writes: str) -> str:
     """conv_pool with row s replaced by rows[n] for the sequence n that writes slot s (at most one: slots are
     distinct); a gather per slot instead of a scatter, which would be undefined for the repeated slot 0 of padding."""
     s = b.op("Range", b.const(0), b.scalar(b.dim("conv_pool", 0)), b.const(1))

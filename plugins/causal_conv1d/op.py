@@ -16,20 +16,14 @@ from .. import library
 from ..packing import Capture, Packing
 from ..spec import CONV_PREFILL, CONV_UPDATE, CONV_UPDATE_STASH, OpSpec
 from . import naive
-from .io import ConvParams
+from .io import ConvParams, dispatch
 
 _BACKENDS = library.Backends(naive, "gdn_trt.plugins.causal_conv1d.triton")
 
 
 def _adapter(spec: OpSpec, m: ModuleType, args: Sequence) -> Tensor:
     n_in = len(spec.inputs)
-    dilation, activation = args[n_in:]
-    x, conv, pack, pool = args[0], ConvParams(args[1], dilation, activation), Packing(args[2], args[3]), args[4]
-    if spec is CONV_UPDATE:
-        return m.update(x, conv, pack, pool)
-    if spec is CONV_UPDATE_STASH:
-        return m.update_stash(x, conv, pack, pool, args[5])
-    return m.prefill(x, conv, pack, pool, Capture(args[5], args[6]))
+    return dispatch(spec, m, dict(zip(spec.inputs, args[:n_in])), dict(zip(spec.attrs, args[n_in:])))
 
 
 def _fake(x: Tensor, *rest) -> Tensor:

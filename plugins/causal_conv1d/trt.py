@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import importlib
 
-from ..packing import Capture, Packing
 from ..spec import CONV_PREFILL, CONV_UPDATE, CONV_UPDATE_STASH, OpSpec
 from ..trt_common import register_op
-from .io import ConvParams
+from .io import dispatch
 
 SPECS = (CONV_UPDATE, CONV_UPDATE_STASH, CONV_PREFILL)
 
@@ -29,15 +28,7 @@ def _output(descs: dict, attrs: dict):
 
 def _launcher(spec: OpSpec):
     def launch(t: dict, attrs: dict, out) -> None:
-        kernels = importlib.import_module("gdn_trt.plugins.causal_conv1d.triton")
-        conv = ConvParams(t["weight"], attrs["dilation"], attrs["activation"])
-        pack = Packing(t["cu_seqlens"], t["slots"])
-        if spec is CONV_UPDATE:
-            y = kernels.update(t["x"], conv, pack, t["conv_pool"])
-        elif spec is CONV_UPDATE_STASH:
-            y = kernels.update_stash(t["x"], conv, pack, t["conv_pool"], t["conv_stash"])
-        else:
-            y = kernels.prefill(t["x"], conv, pack, t["conv_pool"], Capture(t["capture_at"], t["conv_capture"]))
+        y = dispatch(spec, importlib.import_module("gdn_trt.plugins.causal_conv1d.triton"), t, attrs)
         out.copy_(y)
 
     return launch

@@ -1,13 +1,15 @@
-"""Inputs of the GDN recurrence ops, shared by the reference, the Triton kernels and the torch ops."""
+"""Inputs of the GDN recurrence ops, shared by the reference, the Triton kernels and the torch ops, and `dispatch`:
+how an op's named inputs map onto the entry points of a backend (the torch ops and the TensorRT plugins share it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
-import torch
 from torch import Tensor
 
-from ..packing import Packing, check_buffer
+from ..packing import Capture, Packing, check_buffer
+from ..spec import GDN_RECURRENT, GDN_RECURRENT_STASH, OpSpec
 
 
 @dataclass(frozen=True)
@@ -64,3 +66,15 @@ class GdnInputs:
                                    pack.cu_seqlens, pack.slots, ssm_pool)}
         if len(devs) != 1:
             raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+
+
+def dispatch(spec: OpSpec, m: ModuleType, t: dict[str, Tensor]) -> Tensor:
+    """Run op `spec` with backend `m` (`naive` or `triton`) on its inputs by name (`spec.inputs`): the entry point
+    writes the buffers in place and returns o `[T, HV, V]`."""
+    x = GdnInputs(t["q"], t["k"], t["v"], t["a"], t["b"], t["A_log"], t["dt_bias"])
+    pack = Packing(t["cu_seqlens"], t["slots"])
+    if spec is GDN_RECURRENT:
+        return m.recurrent(x, pack, t["ssm_pool"])
+    if spec is GDN_RECURRENT_STASH:
+        return m.recurrent_stash(x, pack, t["ssm_pool"], t["ssm_stash"])
+    return m.chunked(x, pack, t["ssm_pool"], Capture(t["capture_at"], t["ssm_capture"]))

@@ -1,6 +1,6 @@
 """Float64-capable references of the gated delta rule over the packed varlen layout.
 
-Two independent formulations of the same recurrence (reference/gdn.md §1.7, §2.1):
+Two independent formulations of the same recurrence (docs/math.md#gated-delta-rule, #chunked-form-prefill):
 - `recurrent*`: the token loop S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = S^T q, one token at a time;
 - `chunked`: the WY form over chunks of 64 tokens (T = (I + A)^-1, W, U, per-chunk state hand-off).
 Tests pin them to each other; the CPU dispatch of the ops runs these functions. Arithmetic is done in fp32, or in

@@ -18,7 +18,7 @@ from typing import Callable
 
 import onnx
 
-from ..onnx_common import Body, Packed, bcast, function_proto, loop, translation
+from ..onnx_common import Body, PackingVectors, bcast, function_proto, loop, translation
 from ..spec import GDN_CHUNKED, GDN_RECURRENT, GDN_RECURRENT_STASH, OpSpec
 from .naive import L2_EPS
 
@@ -47,7 +47,7 @@ def _prepare(b: Body) -> tuple[str, ...]:
     return expand(b.op("Mul", l2(q), scale)), expand(l2(k)), v, b.op("Exp", g), b.op("Sigmoid", beta_logit)
 
 
-def _token_loop(b: Body, spec: OpSpec, pk: Packed, prep: tuple[str, ...], carried: list[str]) -> list[str]:
+def _token_loop(b: Body, spec: OpSpec, pk: PackingVectors, prep: tuple[str, ...], carried: list[str]) -> list[str]:
     """One Loop over all tokens. carried = [S [HV, K, V], o [T, HV, V], *buffers] (buffers: pool | stash |
     pool + capture); returns their final values."""
     q, k, v, decay, beta = prep
@@ -88,7 +88,7 @@ def _token_loop(b: Body, spec: OpSpec, pk: Packed, prep: tuple[str, ...], carrie
 def body(spec: OpSpec) -> list[onnx.NodeProto]:
     b = Body()
     prep = _prepare(b)
-    pk = Packed(b, "q", spec)
+    pk = PackingVectors(b, "q", spec)
     o0 = b.op("ConstantOfShape", b.op("Shape", prep[2]))
     S0 = b.op("ConstantOfShape", b.op("Shape", "ssm_pool", start=1))  # overwritten at every first token
     if spec is GDN_RECURRENT_STASH:
@@ -102,7 +102,7 @@ def body(spec: OpSpec) -> list[onnx.NodeProto]:
     return b.nodes
 
 
-def _initial_captures(b: Body, pk: Packed) -> str:
+def _initial_captures(b: Body, pk: PackingVectors) -> str:
     """ssm_capture with row n = ssm_pool[slot n] where capture_at[n] == 0 (the state before the first token)."""
     at0 = b.op("And", pk.snapshot_n(b), b.op("Equal", pk.at_n, b.const(0)))
     rows = b.op("CastLike", b.op("Gather", "ssm_pool", pk.slot_n, axis=0), "ssm_capture")  # [N, HV, K, V]

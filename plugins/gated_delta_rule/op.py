@@ -17,18 +17,13 @@ from .. import library
 from ..packing import Capture, Packing
 from ..spec import GDN_CHUNKED, GDN_RECURRENT, GDN_RECURRENT_STASH, OpSpec
 from . import naive
-from .io import GdnInputs
+from .io import GdnInputs, dispatch
 
 _BACKENDS = library.Backends(naive, "gdn_trt.plugins.gated_delta_rule.triton")
 
 
 def _adapter(spec: OpSpec, m: ModuleType, args: Sequence) -> Tensor:
-    x, pack, pool, rest = GdnInputs(*args[:7]), Packing(args[7], args[8]), args[9], args[10:]
-    if spec is GDN_RECURRENT:
-        return m.recurrent(x, pack, pool)
-    if spec is GDN_RECURRENT_STASH:
-        return m.recurrent_stash(x, pack, pool, rest[0])
-    return m.chunked(x, pack, pool, Capture(rest[0], rest[1]))
+    return dispatch(spec, m, dict(zip(spec.inputs, args)))
 
 
 def _fake(q: Tensor, k: Tensor, v: Tensor, *rest) -> Tensor:

@@ -7,7 +7,7 @@ strided views (column slices of one projection): the kernels take their row and 
 dimension that is not contiguous is copied first (`_unit_stride`, never the case for projection slices).
 
 Activations in bf16/fp16 use tensor-core dots on operands of that dtype (FLA's precision choices,
-reference/gdn.md §5.4). The recurrent kernel has no dot (fp32 FMAs throughout). The chunked passes on fp32
+docs/math.md#chunked-form-prefill). The recurrent kernel has no dot (fp32 FMAs throughout). The chunked passes on fp32
 activations run the dots of the w/u, state and output passes as 3xTF32 (`Tuning.fp32_dot`: three TF32
 tensor-core products per dot, about fp32's accuracy) and those of the solve in IEEE fp32 (`Tuning.fp32_solve_dot`),
 the cheaper to compile for each (see Tuning).

@@ -1,4 +1,4 @@
-"""Triton kernels of the chunked (WY) gated delta rule for PREFILL / PREFILL_VARLEN (reference/gdn.md §2.1).
+"""Triton kernels of the chunked (WY) gated delta rule for PREFILL / PREFILL_VARLEN (docs/math.md#chunked-form-prefill).
 
 Four launches, FLA's decomposition with the small passes fused (gates, cumsum and the q/k L2 norm need no launch
 of their own):

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import importlib
 
-from ..packing import Capture, Packing
 from ..spec import GDN_CHUNKED, GDN_RECURRENT, GDN_RECURRENT_STASH, OpSpec
 from ..trt_common import register_op
-from .io import GdnInputs
+from .io import dispatch
 
 SPECS = (GDN_RECURRENT, GDN_RECURRENT_STASH, GDN_CHUNKED)
 
@@ -33,15 +32,7 @@ def _output(descs: dict, attrs: dict):
 
 def _launcher(spec: OpSpec):
     def launch(t: dict, attrs: dict, out) -> None:
-        kernels = importlib.import_module("gdn_trt.plugins.gated_delta_rule.triton")
-        x = GdnInputs(t["q"], t["k"], t["v"], t["a"], t["b"], t["A_log"], t["dt_bias"])
-        pack = Packing(t["cu_seqlens"], t["slots"])
-        if spec is GDN_RECURRENT:
-            o = kernels.recurrent(x, pack, t["ssm_pool"])
-        elif spec is GDN_RECURRENT_STASH:
-            o = kernels.recurrent_stash(x, pack, t["ssm_pool"], t["ssm_stash"])
-        else:
-            o = kernels.chunked(x, pack, t["ssm_pool"], Capture(t["capture_at"], t["ssm_capture"]))
+        o = dispatch(spec, importlib.import_module("gdn_trt.plugins.gated_delta_rule.triton"), t)
         # the entry points allocate o; TensorRT owns the output buffer (an `out=` launcher would save this copy)
         out.copy_(o)
 

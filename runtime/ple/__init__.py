@@ -1,7 +1,8 @@
-"""PLE (Qwen4-Exp hashed n-gram memory), host side: id hashing, the memory-mapped row store, the per-step prestage.
+"""PLE (Qwen4-Exp hashed n-gram memory), host side: id hashing, the memory-mapped row store, the per-step prestage,
+and a session's feeds over them (`feeds`: one prestage per PLE layer, the rows of each step group).
 
-reference/ple_hc.md §2.4-2.7 and §5; DESIGN §6. The device side (the PLE sublayer consuming `ple_rows
-[T, heads, d_h]`) is in `model/layer.py`.
+The math is in docs/math.md#qwen4-exp-ple-hashed-n-gram-memory. The device side (the PLE sublayer consuming
+`ple_rows [T, heads, d_h]`) is in `model/layer.py`.
 """
 
 from .hashing import NgramHasher

@@ -1,4 +1,4 @@
-"""Token-id hashing of one Qwen4-Exp PLE layer on the host (reference/ple_hc.md §2.5, §5.1).
+"""Token-id hashing of one Qwen4-Exp PLE layer on the host (docs/math.md#hash, #state-per-sequence).
 
 For a sequence with id carry `carry` (the last `ngram_size - 1` ids seen, EOS-initialised) and new ids `x[0..T)`:
 `rows = hash(carry ++ x)[-T:]` and the new carry is the last `ngram_size - 1` ids of `carry ++ x`. Because the hash
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...model.config import GdnConfig
-from ...model.ngram import NgramTable
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.ngram import NgramTable
 
 IdArray = np.ndarray  # int64
 
@@ -100,7 +100,7 @@ class NgramHasher:
         return rows, new[0]
 
     def hash_packed(self, ids: object, cu_seqlens: object, carries: object) -> tuple[IdArray, IdArray]:
-        """Many sequences packed back to back (DESIGN §3 layout).
+        """Many sequences packed back to back (the layout of `plugins/packing.py`).
 
         ids [T] int, cu_seqlens [N+1] (0 = cu[0] <= ... <= cu[N] = T; empty sequences allowed), carries [N, context].
         Returns (rows [T, heads] int64 global rows, new carries [N, context]); the inputs are not modified.

@@ -1,6 +1,6 @@
 """Per-step PLE prestage: hash a step's token ids, gather their rows on the host, upload them into a fixed device buffer.
 
-One `Prestage` per PLE layer. Per step (reference/ple_hc.md §2.7, "hoisted input"):
+One `Prestage` per PLE layer. Per step ("hoisted input", docs/math.md#host-side):
     ids -> hash (with each sequence's host-owned id carry) -> gather rows (LRU cache / file fault-in) into a host
     staging buffer (pinned when the device is CUDA) -> one non-blocking copy into `ple_rows [max_tokens, heads, d_h]`
     on the device -> id carries advanced.
@@ -25,8 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...model.checkpoint import PleTable
-from ...model.config import GdnConfig
+from gdn_trt.model.checkpoint import PleTable
+from gdn_trt.model.config import GdnConfig
+
 from .hashing import NgramHasher, as_ids
 from .store import RowStore
 

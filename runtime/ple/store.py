@@ -2,7 +2,7 @@
 
 The table (Qwen4-Exp: 320M rows x 160, ~100 GB bf16) never has to fit in RAM: rows are read from the file
 mapping on a miss (the "NVMe fault-in") and the most recently used ones are kept in a fixed-size host cache,
-since n-gram accesses are Zipfian (reference/ple_hc.md §2.6). Addresses depend only on token ids, so a step's
+since n-gram accesses are Zipfian (docs/math.md#host-side). Addresses depend only on token ids, so a step's
 rows are all known before the layer runs and are gathered here in one call.
 
 Counting (`StoreCounters`): a `gather` is atomic. Every row reference it serves is either a hit (the row was
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...model.checkpoint import PleTable
+from gdn_trt.model.checkpoint import PleTable
 
 # raw integer dtype of each element size: numpy has no bfloat16, so rows are read as bits and viewed in torch
 _RAW = {2: np.int16, 4: np.int32}

@@ -1,6 +1,6 @@
 """TensorRT selftest: the questions only a machine with TensorRT and a GPU can answer, answered in one run.
 
-    python -m gdn_trt.runtime.selftest [--out artifacts/selftest] [--steps 50] [--no-nsys]
+    python -m gdn_trt.app.selftest [--out artifacts/selftest] [--steps 50] [--no-nsys]
 
 1. Environment: TensorRT >= `MIN_TRT`, a CUDA device, Triton. Without one of them it exits 2 and names what is
    missing; it never reports a result it did not obtain.
@@ -41,11 +41,11 @@ from pathlib import Path
 import torch
 from onnx import TensorProto, helper
 
-from ..model.config import preset
-from ..plugins.causal_conv1d.io import ConvParams
-from ..plugins.gated_delta_rule.io import GdnInputs
-from ..plugins.packing import Packing
-from ..plugins.spec import CONV_UPDATE, GDN_RECURRENT, NAMESPACE, OPS, PLUGIN_VERSION, OpSpec
+from gdn_trt.model.config import preset
+from gdn_trt.plugins.causal_conv1d.io import ConvParams
+from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
+from gdn_trt.plugins.packing import Packing
+from gdn_trt.plugins.spec import CONV_UPDATE, GDN_RECURRENT, NAMESPACE, OPS, PLUGIN_VERSION, OpSpec
 
 MODEL = "qwen3-next-80b-a3b"
 SLOTS, SEQ_SLOTS, DILATION = 65, (3, 17, 40, 64), 2
@@ -70,7 +70,7 @@ class Report:
 
 def missing() -> str | None:
     """What this machine lacks for the selftest (None = nothing)."""
-    from ..export.build import TrtUnavailable, import_tensorrt
+    from gdn_trt.export.build import TrtUnavailable, import_tensorrt
 
     try:
         import_tensorrt()
@@ -86,8 +86,8 @@ def missing() -> str | None:
 def one_op_model(spec: OpSpec, feeds: dict[str, torch.Tensor], attrs: dict[str, int]):
     """A one-node ONNX model of `spec` (the `gdn_trt` node and its function body) with static shapes: the
     activation output like `v` / `x`, each buffer output like its input."""
-    from ..plugins.causal_conv1d import onnx as conv_onnx
-    from ..plugins.gated_delta_rule import onnx as gdn_onnx
+    from gdn_trt.plugins.causal_conv1d import onnx as conv_onnx
+    from gdn_trt.plugins.gated_delta_rule import onnx as gdn_onnx
 
     fn = {f.name: f for f in (*gdn_onnx.functions(), *conv_onnx.functions())}[spec.name]
     node = helper.make_node(spec.name, list(spec.inputs), list(spec.outputs), domain=NAMESPACE,
@@ -128,12 +128,12 @@ def reference(spec: OpSpec, feeds: dict[str, torch.Tensor]) -> tuple[torch.Tenso
     """The Triton entry point the plugin launches, on copies: (activation output, updated pool)."""
     pack = Packing(feeds["cu_seqlens"], feeds["slots"])
     if spec is GDN_RECURRENT:
-        from ..plugins.gated_delta_rule import triton as kernels
+        from gdn_trt.plugins.gated_delta_rule import triton as kernels
 
         pool = feeds["ssm_pool"].clone()
         x = GdnInputs(*(feeds[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias")))
         return kernels.recurrent(x, pack, pool), pool
-    from ..plugins.causal_conv1d import triton as kernels
+    from gdn_trt.plugins.causal_conv1d import triton as kernels
 
     pool = feeds["conv_pool"].clone()
     return kernels.update(feeds["x"], ConvParams(feeds["weight"], DILATION, 1), pack, pool), pool
@@ -146,8 +146,8 @@ class Step:
     def __init__(self, engine, spec: OpSpec, feeds: dict[str, torch.Tensor], stream: torch.cuda.Stream):
         import tensorrt as trt
 
-        from ..export.build import context_memory
-        from .trt import ContextMemory
+        from gdn_trt.export.build import context_memory
+        from gdn_trt.runtime.trt import ContextMemory
 
         self.spec, self.feeds, self.stream = spec, feeds, stream
         self.ctx = engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
@@ -210,7 +210,7 @@ def copies_per_step(in_place_us: float, kernel_us: float, copy_us: float) -> flo
 def build(trt, spec: OpSpec, feeds: dict, attrs: dict, out: Path):
     from polygraphy.backend.trt import EngineFromNetwork, NetworkFromOnnxPath
 
-    from ..export.build import create_config
+    from gdn_trt.export.build import create_config
 
     path = out / f"{spec.name}.onnx"
     path.write_bytes(one_op_model(spec, {k: v.cpu() for k, v in feeds.items()}, attrs).SerializeToString())
@@ -277,7 +277,7 @@ def _untouched_equal(got: torch.Tensor, original: torch.Tensor, slots: torch.Ten
 
 def measure_copies(step: Step, steps: int, rep: Report) -> None:
     feeds, spec = step.feeds, step.spec
-    from ..plugins.gated_delta_rule import triton as kernels
+    from gdn_trt.plugins.gated_delta_rule import triton as kernels
 
     x = GdnInputs(*(feeds[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias")))
     pack = Packing(feeds["cu_seqlens"], feeds["slots"])
@@ -305,7 +305,7 @@ def nsys_profile(out: Path, steps: int, rep: Report) -> None:
         return
     prof = out / "selftest_inner"
     cmd = [nsys, "profile", "--trace=cuda", "--capture-range=cudaProfilerApi", "--force-overwrite=true",
-           "-o", str(prof), sys.executable, "-m", "gdn_trt.runtime.selftest", "--inner", str(steps), "--out", str(out)]
+           "-o", str(prof), sys.executable, "-m", "gdn_trt.app.selftest", "--inner", str(steps), "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         rep.add("nsys profile", None, error=r.stderr.strip()[-500:])
@@ -332,7 +332,7 @@ def inner(steps: int, out: Path) -> int:
     """Run `steps` in-place GDN steps from the saved plan between cudaProfilerStart/Stop (for nsys)."""
     import tensorrt as trt
 
-    from ..export.build import load_plugins
+    from gdn_trt.export.build import load_plugins
 
     load_plugins()
     engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         return inner(args.inner, args.out)
     import tensorrt as trt
 
-    from ..export.build import load_plugins
+    from gdn_trt.export.build import load_plugins
 
     rep = Report()
     rep.add("environment", True, tensorrt=trt.__version__, torch=torch.__version__,

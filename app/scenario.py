@@ -19,11 +19,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.checkpoint import Checkpoint, load_table
-from ..model.layer import GdnLayer
-from ..model.lora import Adapter, merge_layer
-from ..runtime.ple.hashing import NgramHasher
-from .session import Prompt, Session
+from gdn_trt.model.checkpoint import Checkpoint, load_table
+from gdn_trt.model.layer import GdnLayer
+from gdn_trt.model.lora import Adapter, merge_layer
+from gdn_trt.runtime.ple.hashing import NgramHasher
+from gdn_trt.runtime.seqs import Prompt
+from gdn_trt.runtime.session import Session
 
 # relative RMS error bound of the runtime's outputs against the float64 reference, by activation dtype: fp32 sees
 # only reordered fp32 sums (chunked prefill vs token recurrence, ~1e-6); bf16 rounds every activation (2^-8)

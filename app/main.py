@@ -5,7 +5,7 @@ On the built-in defaults, a synthetic Qwen3.5-like plain stack (`tiny-3.5`) and 
 1. export every layer mode of each layer variant to ONNX (`export.artifacts.export_checkpoint`);
 2. compare torch against ONNX Runtime on every exported graph through Polygraphy (`export.compare`);
 3. build TensorRT plans when tensorrt imports (else one line says so);
-4. run `runtime.scenario` on the best available backend, with per-sequence LoRA adapters (three synthetic PEFT
+4. run `app.scenario` on the best available backend, with per-sequence LoRA adapters (three synthetic PEFT
    adapters under `artifacts/adapters/`, rotated through two adapter slots), and check every result against the
    float64 sequential reference; print a summary table and write `artifacts/run-report.json`. Exit status 1 when
    anything failed.
@@ -23,15 +23,16 @@ from pathlib import Path
 
 import torch
 
-from ..model.checkpoint import load_checkpoint, make_synthetic_checkpoint
-from ..model.config import DEFAULT_HC_PRESET, DEFAULT_PRESET
-from ..model.lora import LoraLimits
-from ..model.peft import SyntheticAdapter, load_adapter, make_synthetic_adapter
-from .plan import RuntimeLimits
-from .scenario import run_scenario
-from .session import Session, SessionOptions
+from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
+from gdn_trt.model.config import DEFAULT_HC_PRESET, DEFAULT_PRESET
+from gdn_trt.model.lora import LoraLimits
+from gdn_trt.model.peft import SyntheticAdapter, load_adapter, make_synthetic_adapter
+from gdn_trt.runtime.budget import RuntimeLimits
+from gdn_trt.runtime.session import Session, SessionOptions
 
-log = logging.getLogger("gdn_trt.runtime")
+from .scenario import run_scenario
+
+log = logging.getLogger("gdn_trt.app")
 LIMITS = RuntimeLimits(max_seqs=8, max_prefill_tokens=256, max_draft=4, ple_cache_rows=256,
                        lora=LoraLimits(max_adapters=2, max_rank=8))
 ADAPTERS = (SyntheticAdapter(r=4, alpha=8.0), SyntheticAdapter(r=8, alpha=4.0, use_rslora=True),
@@ -60,8 +61,8 @@ def _timed(model: str, name: str, fn) -> Stage:
 
 def export_and_compare(ckpt_dir: Path, out: Path) -> tuple[Stage, Stage]:
     """Every mode of every layer variant to ONNX, then torch vs ONNX Runtime on each graph."""
-    from ..export.artifacts import ExportPlan, Manifest, export_checkpoint
-    from ..export.compare import CompareOptions, compare_graph, layers_of
+    from gdn_trt.export.artifacts import ExportPlan, Manifest, export_checkpoint
+    from gdn_trt.export.compare import CompareOptions, compare_graph, layers_of
 
     ck = load_checkpoint(ckpt_dir)
     name = ck.config.name
@@ -89,7 +90,7 @@ def export_and_compare(ckpt_dir: Path, out: Path) -> tuple[Stage, Stage]:
     return e, c
 
 
-def build_engines(ckpt_dir: Path, out: Path) -> tuple[Stage, Path | None]:
+def build_plans(ckpt_dir: Path, out: Path) -> tuple[Stage, Path | None]:
     """TensorRT plans of every layer and mode, or one line saying why there are none. (The compare stage exports
     one layer per variant; a stack needs a plan for every layer, so the rest are exported here first.)"""
     name = load_checkpoint(ckpt_dir).config.name
@@ -97,9 +98,9 @@ def build_engines(ckpt_dir: Path, out: Path) -> tuple[Stage, Path | None]:
         import tensorrt  # noqa: F401
     except ImportError as e:
         return Stage(name, "build TensorRT engines", True, 0.0, f"skipped: tensorrt is not installed ({e})"), None
-    from ..export.artifacts import ExportPlan, Manifest, export_checkpoint
-    from ..export.build import BuildOptions, build_graph
-    from ..export.spec import Limits
+    from gdn_trt.export.artifacts import ExportPlan, Manifest, export_checkpoint
+    from gdn_trt.export.build import BuildOptions, build_graph
+    from gdn_trt.export.spec import Limits
 
     engines = out / "engines"
 
@@ -140,7 +141,7 @@ def serve(ckpt_dir: Path, engines: Path | None, device: str, seed: int) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gdn_trt.runtime.main", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m gdn_trt.app.main", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("artifacts"))
     p.add_argument("--presets", default=f"{DEFAULT_PRESET},{DEFAULT_HC_PRESET}")
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         engines = None
         if not args.no_export:
             stages += export_and_compare(ckpt, args.out)
-            st, engines = build_engines(ckpt, args.out)
+            st, engines = build_plans(ckpt, args.out)
             stages.append(st)
         st, reports[name] = serve(ckpt, engines, device, args.seed)
         stages.append(st)

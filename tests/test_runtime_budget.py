@@ -1,15 +1,14 @@
-"""Memory planner: its sizes agree with what a session really allocates, the budget check names the knob, and the
-`gdn-trt plan` command prints the table and exits 1 when the budget does not fit."""
+"""Memory budget: its sizes agree with what a session really allocates, the check names the knob, and the
+`gdn-trt budget` command (and its first name, `plan`) prints the table and exits 1 when the budget does not fit."""
 
 from __future__ import annotations
-
-import argparse
 
 import pytest
 import torch
 
 from gdn_trt.model.config import preset
-from gdn_trt.runtime import plan as P
+from gdn_trt.app import cli
+from gdn_trt.runtime import budget as P
 
 from .test_runtime_support import HC_PLE, LIMITS, PLAIN, open_session
 
@@ -19,9 +18,9 @@ def _bytes(ts) -> int:
 
 
 @pytest.mark.parametrize("name", [PLAIN, HC_PLE])
-def test_plan_matches_what_a_session_allocates(name):
+def test_budget_matches_what_a_session_allocates(name):
     s = open_session(name)
-    b = P.plan(s.cfg, LIMITS, "float32", graphs=False)
+    b = P.budget(s.cfg, LIMITS, "float32", graphs=False)
     rows = {r.item.split(" (")[0]: r for r in b.rows}
     pools = _bytes(t for st in s.pool.layers.values() for t in st.tensors())
     stash = _bytes(t for st in s.stack.buffers.stash.values() for t in (st.conv, st.ssm, st.ple_conv))
@@ -46,12 +45,12 @@ def test_limits_validate_and_buckets():
 
 
 def test_check_names_the_knob():
-    b = P.plan(preset("qwen3-next-80b-a3b"), P.RuntimeLimits(max_seqs=256, max_prefill_tokens=1024), "bfloat16",
+    b = P.budget(preset("qwen3-next-80b-a3b"), P.RuntimeLimits(max_seqs=256, max_prefill_tokens=1024), "bfloat16",
                graphs=True)
     b.check(b.device_total, "exact")
     with pytest.raises(P.BudgetError, match=r"lower max_seqs \(it scales"):
         b.check(80 * P.GiB, "an 80 GiB device")
-    b = P.plan(preset("qwen3-next-80b-a3b"), P.RuntimeLimits(max_seqs=1, max_prefill_tokens=1 << 20), "bfloat16",
+    b = P.budget(preset("qwen3-next-80b-a3b"), P.RuntimeLimits(max_seqs=1, max_prefill_tokens=1 << 20), "bfloat16",
                graphs=False)
     with pytest.raises(P.BudgetError, match="lower max_prefill_tokens"):
         b.check(80 * P.GiB, "an 80 GiB device")
@@ -63,19 +62,13 @@ def test_parse_bytes():
     assert P.parse_bytes("512 MiB") == 512 << 20
 
 
-def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    P.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-def test_plan_command(capsys):
-    assert _cli(["plan", "--preset", "qwen4-exp", "--max-seqs", "32", "--device-memory", "141GiB"]) == 0
+@pytest.mark.parametrize("command", ["budget", "plan"])
+def test_budget_command(command, capsys):
+    assert cli.main([command, "--preset", "qwen4-exp", "--max-seqs", "32", "--device-memory", "141GiB"]) == 0
     out = capsys.readouterr().out
     for item in ("state pools (32 slots)", "verify stash (128 tokens)", "PLE staging", "decode graphs", "fits in"):
         assert item in out
-    assert _cli(["plan", "--preset", "qwen3-next-80b-a3b", "--max-seqs", "1024", "--device-memory", "80GiB"]) == 1
+    assert cli.main([command, "--preset", "qwen3-next-80b-a3b", "--max-seqs", "1024", "--device-memory", "80GiB"]) == 1
     assert "lower max_seqs" in capsys.readouterr().out
 
 
@@ -87,10 +80,10 @@ def test_act_dtype_halves_the_conv_state():
     assert torch.float32.itemsize == 4
 
 
-def test_trt_context_memory_is_a_row_of_the_plan():
+def test_trt_context_memory_is_a_row_of_the_budget():
     cfg, limits = preset("tiny-3.5"), P.RuntimeLimits(max_seqs=4)
-    base = P.plan(cfg, limits, "float32", graphs=False)
-    with_trt = P.plan(cfg, limits, "float32", graphs=False, trt_context=7 << 20)
+    base = P.budget(cfg, limits, "float32", graphs=False)
+    with_trt = P.budget(cfg, limits, "float32", graphs=False, trt_context=7 << 20)
     assert with_trt.device_total - base.device_total == 7 << 20
     assert [r.item for r in with_trt.rows if r.item.startswith("TensorRT")] == [
         "TensorRT context memory (one scratch, every plan)"]

@@ -1,24 +1,25 @@
-"""Memory planner: the bytes every runtime buffer takes for the requested limits, and the `gdn-trt plan` command.
+"""Memory budget: the bytes every runtime buffer takes for the requested limits (named `budget`, not `plan`: a
+plan is a TensorRT engine file).
 
 Everything a `Session` allocates is sized here from `GdnConfig` and `RuntimeLimits`: state pools, verify stashes,
 prefill capture buffers, CUDA-graph buckets (static I/O plus the activations their private pools keep), PLE staging
-and the host row cache. `Session.open` builds this plan first and refuses to start, naming the limit to lower,
-when it does not fit the device; `gdn-trt plan` prints the same table.
+and the host row cache. `Session.open` computes this budget first and refuses to start, naming the limit to lower,
+when it does not fit the device; `gdn-trt budget` (`gdn_trt.app.cli`) prints the same table.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass, field
 
 import torch
 
-from ..model.config import GdnConfig, preset
-from ..model.lora import LoraLimits
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.dtypes import DTYPES
+from gdn_trt.model.errors import GdnTrtError
+from gdn_trt.model.lora import LoraLimits
 
 GiB = 1 << 30
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class BudgetRow:
 
 @dataclass
 class Budget:
-    """The plan: one row per buffer family, totals, and the check against the memory available."""
+    """The budget: one row per buffer family, totals, and the check against the memory available."""
 
     cfg: GdnConfig
     limits: RuntimeLimits
@@ -108,7 +109,7 @@ class Budget:
 
     def table(self) -> str:
         w = max(len(r.item) for r in self.rows)
-        lines = [f"memory plan for {self.cfg.name} ({len(self.cfg.gdn_layer_ids)} GDN layers, hash "
+        lines = [f"memory budget for {self.cfg.name} ({len(self.cfg.gdn_layer_ids)} GDN layers, hash "
                  f"{self.cfg.config_hash()})",
                  f"{'item':<{w}}  {'device':>10}  {'host':>10}  limit"]
         lines += [f"{r.item:<{w}}  {_fmt(r.device):>10}  {_fmt(r.host):>10}  {', '.join(r.limits) or '-'}"
@@ -117,13 +118,13 @@ class Budget:
         return "\n".join(lines)
 
 
-class BudgetError(RuntimeError):
+class BudgetError(GdnTrtError, RuntimeError):
     """The requested limits do not fit the device; the message names the limit to lower."""
 
 
 def slot_bytes(cfg: GdnConfig, act_dtype: str) -> int:
     """Bytes of one sequence's state over all GDN layers: conv + fp32 ssm (+ PLE conv carry)."""
-    a = _ITEMSIZE[act_dtype]
+    a = DTYPES[act_dtype].itemsize
     total = 0
     for i in cfg.gdn_layer_ids:
         total += _prod(cfg.conv_state_shape) * a + _prod(cfg.ssm_state_shape) * max(4, a)
@@ -135,7 +136,7 @@ def slot_bytes(cfg: GdnConfig, act_dtype: str) -> int:
 def token_activation_bytes(cfg: GdnConfig, act_dtype: str) -> int:
     """Peak activation bytes per token of one layer step (an upper estimate: every intermediate of the mixer,
     MLP and hc/PLE parts alive at once, fp32 where the ops compute in fp32)."""
-    a = _ITEMSIZE[act_dtype]
+    a = DTYPES[act_dtype].itemsize
     acts = 4 * cfg.stream_dim + cfg.in_proj_dim + 2 * cfg.conv_dim + 3 * cfg.value_dim + 3 * cfg.intermediate_size
     fp32 = 2 * cfg.key_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads
     if cfg.ple_layer_ids:
@@ -145,7 +146,7 @@ def token_activation_bytes(cfg: GdnConfig, act_dtype: str) -> int:
 
 def weight_bytes(cfg: GdnConfig, act_dtype: str) -> int:
     """Parameter bytes of the GDN layers (gate parameters A_log / dt_bias in fp32)."""
-    a, C, HV, nC = _ITEMSIZE[act_dtype], cfg.hidden_size, cfg.linear_num_value_heads, cfg.stream_dim
+    a, C, HV, nC = DTYPES[act_dtype].itemsize, cfg.hidden_size, cfg.linear_num_value_heads, cfg.stream_dim
     total = 0
     for i in cfg.gdn_layer_ids:
         n = cfg.in_proj_dim * C + cfg.conv_dim * cfg.linear_conv_kernel_dim + cfg.linear_value_head_dim
@@ -165,14 +166,14 @@ def weight_bytes(cfg: GdnConfig, act_dtype: str) -> int:
 def lora_slot_bytes(cfg: GdnConfig, lora: LoraLimits, act_dtype: str) -> int:
     """Device bytes of the adapter slots: per layer and target, L x R x (in + out) values. (The registered
     adapters live on the host, one padded copy each, sized by the adapters, not by the limits.)"""
-    per = lora.max_adapters * lora.max_rank * _ITEMSIZE[act_dtype]
+    per = lora.max_adapters * lora.max_rank * DTYPES[act_dtype].itemsize
     return sum(per * (s.in_dim + s.out_dim) for i in cfg.gdn_layer_ids for s in lora.layer_sites(cfg, i))
 
 
-def plan(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, trt_context: int = 0) -> Budget:
-    """The memory plan of a session over `cfg`'s GDN layers at `limits`, activations in `act_dtype`;
+def budget(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, trt_context: int = 0) -> Budget:
+    """The memory budget of a session over `cfg`'s GDN layers at `limits`, activations in `act_dtype`;
     `trt_context`: the TensorRT plans' shared context memory (`backends.trt_context_budget`), 0 without them."""
-    a, per_slot, per_tok = _ITEMSIZE[act_dtype], slot_bytes(cfg, act_dtype), token_activation_bytes(cfg, act_dtype)
+    a, per_slot, per_tok = DTYPES[act_dtype].itemsize, slot_bytes(cfg, act_dtype), token_activation_bytes(cfg, act_dtype)
     b = Budget(cfg, limits)
     b.rows.append(BudgetRow("weights", weight_bytes(cfg, act_dtype), 0, ()))
     b.rows.append(BudgetRow(f"state pools ({limits.max_seqs} slots)", limits.max_seqs * per_slot, 0,
@@ -235,41 +236,3 @@ def _fmt(n: int) -> str:
         if n >= m:
             return f"{n / m:.2f} {unit}"
     return f"{n} B"
-
-
-# ---- the `gdn-trt plan` command ----
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plan", help="print the runtime memory budget for a model and limits")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--preset", help="a GdnConfig preset name (e.g. qwen3-next-80b-a3b)")
-    src.add_argument("--checkpoint", help="an HF checkpoint directory (only config.json is read)")
-    p.add_argument("--max-seqs", type=int, default=RuntimeLimits.max_seqs)
-    p.add_argument("--max-prefill-tokens", type=int, default=RuntimeLimits.max_prefill_tokens)
-    p.add_argument("--max-draft", type=int, default=RuntimeLimits.max_draft)
-    p.add_argument("--ple-cache-rows", type=int, default=RuntimeLimits.ple_cache_rows)
-    p.add_argument("--dtype", default=None, help="activation dtype (default: the config's)")
-    p.add_argument("--no-graphs", action="store_true", help="plan without CUDA-graph buckets")
-    p.add_argument("--lora-slots", type=int, default=0, help="per-sequence LoRA adapter slots (0 = none)")
-    p.add_argument("--lora-rank", type=int, default=LoraLimits.max_rank, help="rank of every LoRA slot")
-    p.add_argument("--device-memory", default=None,
-                   help="budget to check against, e.g. 80GiB (exit 1 naming the limit to lower if it does not fit)")
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.preset:
-        cfg = preset(args.preset)
-    else:
-        cfg = GdnConfig.from_hf(os.path.join(args.checkpoint, "config.json"), name=os.path.basename(args.checkpoint))
-    lora = LoraLimits(args.lora_slots, args.lora_rank) if args.lora_slots else None
-    limits = RuntimeLimits(args.max_seqs, args.max_prefill_tokens, args.max_draft, (), args.ple_cache_rows, lora)
-    budget = plan(cfg, limits, args.dtype or cfg.dtype, graphs=not args.no_graphs)
-    print(budget.table())
-    if args.device_memory:
-        try:
-            budget.check(parse_bytes(args.device_memory), f"a {args.device_memory} device")
-        except BudgetError as e:
-            print(f"does not fit: {e}")
-            return 1
-        print(f"fits in {args.device_memory}")
-    return 0

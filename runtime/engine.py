@@ -1,0 +1,52 @@
+"""The engine interface: an engine runs one GDN layer in one `LayerMode` on the packed layout.
+
+`run(call, stream)` takes the step's activations, the layer's pools and the stash or capture buffers (`LayerCall`),
+writes the buffers in place and returns the activations (`StepOutput`). The runtime owns every buffer; engines own
+none. Implementations: `backends.TorchEngine` (the PyTorch layer) and `trt.TrtEngine` (TensorRT plans).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.state import LayerState, StateCapture, StateStash, StepInput, StepOutput
+
+
+@dataclass
+class LayerCall:
+    """One layer, one step: `extra` is the stash (verify modes), the capture (prefill modes) or None (decode)."""
+
+    mode: LayerMode
+    step: StepInput
+    state: LayerState
+    extra: StateStash | StateCapture | None = None
+
+
+class Engine(abc.ABC):
+    """One GDN layer's executable form. `name` says which backend it is (logged with every choice)."""
+
+    name: str
+    layer_idx: int
+    device: torch.device
+
+    @abc.abstractmethod
+    def modes(self) -> tuple[LayerMode, ...]:
+        """The modes this engine can run."""
+
+    @abc.abstractmethod
+    def refuse(self, mode: LayerMode, seqs: int, tokens: int) -> str | None:
+        """None when a step of `seqs` sequences and `tokens` tokens in `mode` is covered, else the reason."""
+
+    @abc.abstractmethod
+    def run(self, call: LayerCall, stream: torch.cuda.Stream | None) -> StepOutput:
+        """Enqueue the step on `stream` (None on the CPU); buffers are written in place."""
+
+    def capture_veto(self, mode: LayerMode) -> str | None:
+        """Why a step of this engine in `mode` cannot be captured in a CUDA graph (None = it can)."""
+        if self.device.type != "cuda":
+            return f"{self.name} runs on {self.device.type}: CUDA graphs need a CUDA device"
+        return mode.spec.capture_veto

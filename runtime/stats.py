@@ -1,0 +1,84 @@
+"""What a session did (`Session.stats()`): per step kind the modes, engines, graph-or-eager paths and veto reasons;
+speculative acceptance, snapshot hits, CUDA-graph captures, LoRA slot traffic and PLE cache counters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gdn_trt.model.modes import StepKind
+
+from .adapters import AdapterCounters
+from .ple.prestage import PrestageCounters
+from .select import Group
+
+
+@dataclass
+class KindStats:
+    """Steps of one kind: how many, how many tokens and sequences, and how they ran."""
+
+    steps: int = 0
+    tokens: int = 0
+    sequences: int = 0
+    modes: Counter = field(default_factory=Counter)  # LayerMode value -> groups
+    engines: Counter = field(default_factory=Counter)  # engine name -> groups
+    paths: Counter = field(default_factory=Counter)  # 'graph' | 'graph+eager' | 'eager' -> groups
+    vetoes: Counter = field(default_factory=Counter)  # veto reason -> groups
+
+    def add(self, g: Group) -> None:
+        self.steps += 1
+        self.tokens += g.tokens
+        self.sequences += len(g.work)
+        self.modes[g.mode.value] += 1
+        self.engines["/".join(sorted({e.name for e in g.engines}))] += 1
+        self.paths[g.path] += 1
+        if g.veto:
+            self.vetoes[g.veto] += 1
+
+
+@dataclass
+class GraphStats:
+    captured: list[str] = field(default_factory=list)  # "<mode> bucket <b>" per captured (mode, bucket)
+    replays: int = 0
+    gate_failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SessionStats:
+    kinds: dict[StepKind, KindStats] = field(default_factory=lambda: {k: KindStats() for k in StepKind})
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens accepted
+    snapshots: int = 0  # snapshot() calls served
+    captures: int = 0  # prefill capture points serialized
+    restores: int = 0  # snapshot hits: restore() calls that succeeded
+    restored_tokens: int = 0  # token positions skipped thanks to restores
+    rejected_snapshots: int = 0
+    graphs: GraphStats = field(default_factory=GraphStats)
+    ple: dict[int, PrestageCounters] = field(default_factory=dict)
+    adapters: AdapterCounters | None = None  # LoRA slot traffic (sessions with adapter slots)
+
+    def table(self) -> str:
+        """A human-readable summary (one line per step kind, then speculation, snapshots, graphs, PLE)."""
+        lines = [f"{'kind':<8} {'steps':>5} {'seqs':>5} {'tokens':>6}  modes / engines / paths / vetoes"]
+        for kind, k in self.kinds.items():
+            if not k.steps:
+                continue
+            lines.append(f"{kind.value:<8} {k.steps:>5} {k.sequences:>5} {k.tokens:>6}  {dict(k.modes)} / "
+                         f"{dict(k.engines)} / {dict(k.paths)}" + (f" / {dict(k.vetoes)}" if k.vetoes else ""))
+        rate = f"{self.accepted / self.drafted:.0%}" if self.drafted else "-"
+        lines.append(f"speculation: {self.accepted}/{self.drafted} draft tokens accepted ({rate})")
+        lines.append(f"snapshots: {self.snapshots} taken, {self.captures} prefill captures, {self.restores} restored "
+                     f"({self.restored_tokens} tokens reused), {self.rejected_snapshots} rejected")
+        g = self.graphs
+        lines.append(f"cuda graphs: {len(g.captured)} captured {g.captured}, {g.replays} replays, "
+                     f"{len(g.gate_failures)} failed the gate {g.gate_failures}")
+        if self.adapters is not None:
+            a = self.adapters
+            lines.append(f"LoRA slots: {a.hits} hits / {a.misses} uploads, {a.evictions} evictions, "
+                         f"{a.bytes_uploaded} B uploaded")
+        for i, c in self.ple.items():
+            lines.append(f"PLE layer {i}: {c.tokens} tokens staged, {c.hits} hits / {c.misses} misses, "
+                         f"{c.bytes_read} B read, {c.evictions} evictions, {c.resident} rows resident, "
+                         f"{c.uploads} uploads ({c.bytes_uploaded} B)")
+        return "\n".join(lines)
