@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.checkpoint import PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer
+from ..model.checkpoint import PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer, weights_digest
 from ..model.config import PRESETS, GdnConfig
 from ..model.layer import GdnLayer
 from ..model.lora import Adapter
@@ -171,6 +171,7 @@ class _Parts:
     feeds: PleFeeds | None
     device: torch.device
     dtype: torch.dtype
+    weights: str | None = None  # weights_digest of the checkpoint: snapshots record it
 
 
 class Session:
@@ -197,7 +198,7 @@ class Session:
         match = PlanMatch(options.limits.lora, ckpt.merged_adapter)
         engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs, match)
         feeds = PleFeeds(cfg, ckpt.ple_tables, options.limits, dev) if cfg.ple_layer_ids else None
-        sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype), options)
+        sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype, weights_digest(ckpt)), options)
         sess._tmp = tmp
         return sess
 
@@ -205,7 +206,7 @@ class Session:
         self.cfg, self.device, self.dtype, self.options = parts.cfg, parts.device, parts.dtype, options
         self.limits = options.limits
         spec = BufferSpec(self.dtype, self.device)
-        self.pool = StatePool(self.cfg, self.limits.max_seqs, spec)
+        self.pool = StatePool(self.cfg, self.limits.max_seqs, spec, parts.weights)
         self.feeds = parts.feeds
         if self.feeds is not None:
             for i, c in self.feeds.carries().items():
@@ -339,8 +340,9 @@ class Session:
         return blob
 
     def restore(self, blob: bytes, adapter: str | None = None) -> int:
-        """A new sequence holding a snapshot's state and position; a corrupt or foreign blob raises
-        `SnapshotError` and changes nothing. Snapshots hold recurrent state only, not adapter bindings: `adapter`
+        """A new sequence holding a snapshot's state and position; a corrupt, forged or foreign blob (another
+        config, other weights, a header or values the pool's schema refuses) raises `SnapshotError` before a slot
+        is taken, and changes nothing. Snapshots hold recurrent state only, not adapter bindings: `adapter`
         binds one to the new sequence (the state was computed under whatever adapter the original had)."""
         self._check_adapter(adapter)
         try:
