@@ -6,15 +6,16 @@ feature (pool, stash and capture outputs are aliased plugin outputs), `EngineFro
 parsing, the plugin modules are imported (they register the `gdn_trt` creators) and a pre-flight check names every
 custom node whose creator is missing: TensorRT would otherwise inline the function body silently. `--no-plugins`
 asks for exactly that plugin-free build instead. Output per graph: `<out>/<model>/layer<i>/<stem>.plan` and a JSON
-manifest beside it (config hash, GraphSpec, TensorRT and plugin versions, GPU). Without TensorRT it raises
+manifest beside it (config hash, GraphSpec, TensorRT and plugin versions, GPU, the plan's and the graph's paths
+relative to the manifest and their sha256, which the runtime checks). Without TensorRT it raises
 `TrtUnavailable` with the install instructions; nothing pretends to build.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import onnx
 
 from ..plugins.spec import NAMESPACE, OPS_BY_NAME, PLUGIN_VERSION
 from .artifacts import GraphRecord, Manifest
+from .digest import graph_files, sha256_files
 from .spec import GraphSpec
 
 MIN_TRT = (10, 8)
@@ -113,23 +115,37 @@ def _gpu() -> dict:
 
 
 def build_graph(manifest: Manifest, rec: GraphRecord, opts: BuildOptions) -> Path:
-    """Build and save one plan and its JSON manifest; returns the plan path."""
+    """Build and save one plan and its JSON manifest; returns the plan path. Refuses a graph whose bytes differ
+    from its export manifest's sha256 (changed since the export) before building."""
     trt = import_tensorrt()
     from polygraphy.backend.trt import SaveEngine
 
     onnx_path = manifest.root / rec.path
+    got = sha256_files(graph_files(onnx_path))
+    if got != rec.sha256:
+        raise ValueError(f"{onnx_path}: sha256 {got[:16]}... differs from the export manifest's {rec.sha256[:16]}...: "
+                         "the graph changed since the export; export again")
     plan = opts.out / manifest.data["model"] / Path(rec.path).with_suffix(".plan")
     plan.parent.mkdir(parents=True, exist_ok=True)
     SaveEngine(engine_loader(rec.spec, onnx_path, opts.plugins, opts.refittable), path=str(plan))()
+    meta = plan_manifest(manifest, rec, plan, opts, trt.__version__)
+    plan.with_suffix(".json").write_text(json.dumps(meta, indent=2))
+    return plan
+
+
+def plan_manifest(manifest: Manifest, rec: GraphRecord, plan: Path, opts: BuildOptions, tensorrt: str) -> dict:
+    """The JSON manifest of a built plan. Paths are relative to the manifest's own folder (the plan beside it, the
+    graph it was built from), so an engines folder moved together with its export keeps resolving them; the
+    runtime checks both sha256 before deserializing (`runtime/plan_files.py`)."""
+    onnx_path = manifest.root / rec.path
     merged = manifest.data.get("adapter")
-    meta = {
+    return {
         "model": manifest.data["model"], "config_hash": rec.spec.config_hash, "graph_spec": rec.spec.to_json(),
-        "onnx": rec.path, "onnx_sha256": rec.sha256, "tensorrt": trt.__version__,
+        "plan": plan.name, "onnx": os.path.relpath(onnx_path, plan.parent), "onnx_sha256": rec.sha256,
+        "tensorrt": tensorrt,
         "plugins": ({op: {"namespace": NAMESPACE, "version": PLUGIN_VERSION} for op in custom_nodes(onnx_path)}
                     if opts.plugins else "none (function bodies inlined)"),
         "preview_features": ["ALIASED_PLUGIN_IO_10_03"], "gpu": _gpu(), "refittable": opts.refittable,
         "merged_adapter": None if merged is None else merged["digest"],
-        "plan_sha256": hashlib.sha256(plan.read_bytes()).hexdigest(), "plan_bytes": plan.stat().st_size,
+        "plan_sha256": sha256_files([plan]), "plan_bytes": plan.stat().st_size,
     }
-    plan.with_suffix(".json").write_text(json.dumps(meta, indent=2))
-    return plan
