@@ -15,7 +15,18 @@ from torch import Tensor
 from .config import GdnConfig
 
 
-def _check(name: str, t: Tensor, shape: tuple[int, ...]) -> None:
+def _check(name: str, t: Tensor, shape: tuple[int, ...], integer: bool = False) -> None:
+    """A dense tensor with data, of `shape`, floating point (or, `integer`, an integer hash constant)."""
+    if not isinstance(t, Tensor):
+        raise ValueError(f"weight {name} must be a tensor, got {type(t).__name__}")
+    if t.is_meta:
+        raise ValueError(f"weight {name} is a meta tensor (no data): load the real weights (not under "
+                         "init_empty_weights or device_map='meta')")
+    if t.layout != torch.strided:
+        raise ValueError(f"weight {name} is a sparse tensor ({t.layout}): convert it with .to_dense()")
+    if t.dtype.is_floating_point == integer or t.dtype == torch.bool:
+        want = "an integer tensor" if integer else "floating point (bfloat16, float16, float32)"
+        raise ValueError(f"weight {name} is {str(t.dtype).replace('torch.', '')}; it must be {want}")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"weight {name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
@@ -89,7 +100,7 @@ class PleWeights:
                             ("norm_query", (nC,)), ("norm_conv", (nC,)), ("conv", (nC, cfg.ple_conv_kernel_size)),
                             ("multipliers", (cfg.ngram_size,)), ("head_sizes", (cfg.ple_heads,)),
                             ("head_offsets", (cfg.ple_heads,))):
-            _check(f"ple.{name}", getattr(self, name), shape)
+            _check(f"ple.{name}", getattr(self, name), shape, integer=name.startswith(("multipliers", "head_")))
 
 
 @dataclass

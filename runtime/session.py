@@ -304,11 +304,16 @@ class Session:
         """A mixed step (each sequence in one kind): validated as a whole, split into groups by kind, run."""
         from .steps import run_step
 
+        for name, d in (("decode", decode), ("verify", verify), ("prefill", prefill), ("token_ids", token_ids)):
+            if d is not None and not isinstance(d, dict):
+                raise TypeError(f"{name} takes a dict {{seq: input}}, got {type(d).__name__}")
         return run_step(self, decode or {}, verify or {}, prefill or {}, token_ids or {})
 
     def accept(self, counts: dict[int, int]) -> None:
         """Commit `j` of each verified sequence's draft tokens: the state after draft token j-1 is folded from the
         stash into the pools on the device (j = 0 keeps the state). Clears the pending verify."""
+        if not isinstance(counts, dict):
+            raise TypeError(f"accept takes a dict {{seq: accepted count}}, got {type(counts).__name__}")
         checked = []
         for seq, j in counts.items():
             s = self._live(seq)
