@@ -271,6 +271,9 @@ class GdnConfig:
 
 
 _NEED = object()
+# Released models have under 128 decoder layers; the bound keeps a forged config.json from making the loader build
+# a list of 2**62 layer types (it hung before).
+MAX_LAYERS = 4096
 
 
 def _read_json(path: Path) -> object:
@@ -295,8 +298,9 @@ class _Reader:
             raise ValueError(f"{self.where}: missing {key!r}; an HF config of this family has it")
         return default
 
-    def int(self, key: str, default: object = _NEED, nullable: bool = False) -> int:
-        """An integer (an integral float such as 40.0 counts); None -> `default` when `nullable`."""
+    def int(self, key: str, default: object = _NEED, nullable: bool = False, lo: int | None = None,
+            hi: int | None = None) -> int:
+        """An integer (an integral float such as 40.0 counts) in lo..hi; None -> `default` when `nullable`."""
         v = self._get(key, default)
         if v is None and nullable:
             v = default
@@ -304,6 +308,8 @@ class _Reader:
             v = int(v)
         if type(v) is not int:
             raise ValueError(f"{self.where}: {key} must be an integer, got {v!r}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise ValueError(f"{self.where}: {key} must be in {lo}..{'' if hi is None else hi}, got {v}")
         return v
 
     def float(self, key: str, default: float) -> float:
@@ -328,13 +334,15 @@ class _Reader:
 def _fields(r: _Reader, family: Family, model_type: str, outer: dict, name: str) -> dict[str, Any]:
     """GdnConfig keyword arguments from an HF config's text part (`r`) and its outer dict."""
     text = r.d
-    n = r.int("num_hidden_layers")
+    n = r.int("num_hidden_layers", lo=1, hi=MAX_LAYERS)
     layer_types = text.get("layer_types")
     if layer_types is None:
-        interval = r.int("full_attention_interval", 4)
+        interval = r.int("full_attention_interval", 4, lo=1)
         layer_types = [LINEAR if (i + 1) % interval else "full_attention" for i in range(n)]
     if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
-        raise ValueError(f"{r.where}: layer_types must be a list of strings, got {layer_types!r}")
+        raise ValueError(f"{r.where}: layer_types must be a list of strings, got {str(layer_types)[:80]!r}")
+    if len(layer_types) != n:
+        raise ValueError(f"{r.where}: layer_types lists {len(layer_types)} layers, num_hidden_layers says {n}")
     eos = text.get("eos_token_id", outer.get("eos_token_id"))
     eos = eos[0] if isinstance(eos, list) and eos else eos
     if eos is not None and type(eos) is not int:
@@ -386,8 +394,8 @@ def _dense_mlp_layers(family: Family, model_type: str, r: _Reader, n: int) -> tu
         return tuple(range(n)) if model_type in ("qwen3_5", "qwen3_5_text") else ()
     # Qwen3-Next: HF Qwen3NextDecoderLayer picks the dense MLP for mlp_only_layers, or when MoE is off
     only = set(r.ints("mlp_only_layers"))
-    experts = r.int("num_experts", 512)
-    step = r.int("decoder_sparse_step", 1)
+    experts = r.int("num_experts", 512, lo=0)
+    step = r.int("decoder_sparse_step", 1, lo=1)
     return tuple(i for i in range(n) if i in only or not (experts > 0 and (i + 1) % step == 0))
 
 

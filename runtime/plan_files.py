@@ -67,10 +67,15 @@ def plan_of(root: Path, manifest: Path, m: dict) -> Path:
         raise PlanMismatchError(f"{manifest}: 'plan' must be a relative path inside the engine folder, got {rel!r} "
                                 "(rebuild with gdn-trt build)")
     plan = manifest.parent / rel
-    if not plan.resolve().is_relative_to(root.resolve()):
+    try:
+        inside = plan.resolve().is_relative_to(root.resolve())
+        usable = inside and plan.is_file() and plan.stat().st_size > 0
+    except (OSError, RuntimeError) as e:  # a name too long, a symlink loop
+        raise PlanMismatchError(f"{manifest}: its plan {rel[:80]!r} cannot be resolved ({e})") from None
+    if not inside:
         raise PlanMismatchError(f"{manifest}: its plan {rel!r} leaves the engine folder {root} (resolves to "
                                 f"{plan.resolve()}); refusing to read it")
-    if not plan.is_file() or plan.stat().st_size == 0:
+    if not usable:
         raise PlanMismatchError(f"{manifest}: its plan {plan} is missing or empty (a failed build?)")
     return plan
 
@@ -86,13 +91,19 @@ def check_digests(manifest: Path, m: dict, plan: Path) -> str | None:
     if got != want:
         raise PlanMismatchError(f"{plan}: sha256 {got[:16]}... differs from the {want[:16]}... its manifest "
                                 f"{manifest} recorded: the plan changed since it was built; rebuild it")
-    onnx, want = m.get("onnx"), m.get("onnx_sha256")
-    if not isinstance(onnx, str) or not isinstance(want, str):
-        return "the manifest records no onnx path and onnx_sha256"
+    if "onnx" not in m:
+        return "the manifest records no onnx path"
+    onnx, want = m["onnx"], m.get("onnx_sha256")
+    if not isinstance(onnx, str) or not onnx or not isinstance(want, str) or not _HEX64.fullmatch(want):
+        raise PlanMismatchError(f"{manifest}: 'onnx' must be a path with a valid onnx_sha256, got {str(onnx)[:80]!r} "
+                                f"and {str(want)[:80]!r} (rebuild with gdn-trt build)")
     graph = manifest.parent / onnx
-    if not graph.is_file():
-        return f"{graph} is not there"
-    got = sha256_files(graph_files(graph))
+    try:
+        if not graph.is_file():
+            return f"{graph} is not there"
+        got = sha256_files(graph_files(graph))
+    except (OSError, RuntimeError) as e:
+        raise PlanMismatchError(f"{manifest}: its ONNX graph {onnx[:80]!r} cannot be read ({e})") from None
     if got != want:
         raise PlanMismatchError(f"{manifest}: its ONNX graph {graph} changed since the plan was built (sha256 "
                                 f"{got[:16]}..., recorded {want[:16]}...): rebuild the plan from the new export")

@@ -87,6 +87,30 @@ def test_non_integer_sizes_refused(ckpt, key, value):
         load_checkpoint(ckpt)
 
 
+@pytest.mark.parametrize("key,value,drop_types,match", [
+    ("num_hidden_layers", 2 ** 62, True, "num_hidden_layers must be in 1..4096"),  # built a 2**62-entry list
+    ("num_hidden_layers", 2 ** 80, False, "num_hidden_layers must be in 1..4096"),
+    ("num_hidden_layers", 6, False, "layer_types lists 4 layers, num_hidden_layers says 6"),
+    ("full_attention_interval", 0, True, "full_attention_interval must be in 1.."),  # ZeroDivisionError before
+])
+def test_sizes_out_of_range_refused(ckpt, key, value, drop_types, match):
+    def edit(c):
+        t = {**c["text_config"], key: value}
+        if drop_types:
+            del t["layer_types"]
+        return {**c, "text_config": t}
+
+    _edit_config(ckpt, edit)
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint(ckpt)
+
+
+def test_zero_sparse_step_refused():
+    c = preset("tiny-next").to_hf()
+    with pytest.raises(ValueError, match="decoder_sparse_step must be in 1.."):
+        GdnConfig.from_hf({**c, "decoder_sparse_step": 0})
+
+
 def test_integral_float_size_accepted(ckpt):
     _edit_config(ckpt, lambda c: {**c, "text_config": {**c["text_config"], "hidden_size": 40.0}})
     assert load_checkpoint(ckpt).config.hidden_size == 40
