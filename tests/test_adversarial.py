@@ -414,7 +414,8 @@ def _checkpoint_case(rng: random.Random, src, dst) -> tuple[Want, str]:
         junk = rng.choice([raw[:rng.randrange(len(raw))], b"\xff" + raw, b"[" * 30_000, b"[]", b"null"])
         (dst / "config.json").write_bytes(junk)
         return Want.MUST_REFUSE, f"config bytes {junk[:10]!r}"
-    cfg["text_config"] = {**cfg["text_config"], "note": "extra", "hidden_size": float(cfg["text_config"]["hidden_size"])}
+    text = cfg["text_config"]
+    cfg["text_config"] = {**text, "note": "extra", "hidden_size": float(text["hidden_size"])}
     (dst / "config.json").write_text(json.dumps(cfg))
     return Want.MUST_ACCEPT, "benign: extra key, integral float size"
 
