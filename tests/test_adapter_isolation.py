@@ -25,8 +25,7 @@ from safetensors.torch import load_file, save_file
 from gdn_trt.model.lora import (LoraInput, LoraLimits, LoraWeights, SlotWeights, apply_sites, build_slots,
                                 one_hot)
 from gdn_trt.model.peft import WEIGHTS, AdapterError, SyntheticAdapter, load_adapter, make_synthetic_adapter
-from gdn_trt.runtime.plan import RuntimeLimits
-from gdn_trt.runtime.session import Prompt
+from gdn_trt.runtime import Prompt, RuntimeLimits
 
 from .test_runtime_support import HC_PLE, PLAIN, inputs, open_session, slot_state, sub
 
@@ -286,7 +285,7 @@ def test_poisoned_slot_stays_in_its_sequences_under_cuda_graphs(world):
     """CUDA-graph decode (the slot update captured in the graph, the slot buffers read in place): after a slot is
     poisoned between two replays, the other sequences' outputs are bit-equal to a clean twin session's and the
     poisoned adapter's own are not finite. Marked gpu: not run yet (no device time in the session that wrote it)."""
-    from gdn_trt.runtime.session import Session, SessionOptions
+    from gdn_trt.runtime import Session, SessionOptions
 
     limits = RuntimeLimits(max_seqs=4, max_prefill_tokens=64, max_draft=4, ple_cache_rows=64, graph_buckets=(4,),
                            lora=LORA)

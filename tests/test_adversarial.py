@@ -40,10 +40,9 @@ from gdn_trt.model.config import preset
 from gdn_trt.model.lora import LoraLimits, LoraWeights
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.peft import AdapterError, SyntheticAdapter, load_adapter, make_synthetic_adapter
+from gdn_trt.runtime import Prompt, RuntimeLimits
 from gdn_trt.runtime import state as st
 from gdn_trt.runtime.backends import PlanMismatchError, find_plans
-from gdn_trt.runtime.plan import RuntimeLimits
-from gdn_trt.runtime.session import Prompt
 from gdn_trt.runtime.state import SnapshotError
 
 from .adversarial_support import Tally, Want, mutate_json

@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
 from gdn_trt.model.config import GdnConfig, preset
-from gdn_trt.runtime.session import Prompt, Session, SessionOptions, load_source
+from gdn_trt.runtime import Prompt, Session, SessionOptions
+from gdn_trt.runtime.session import load_source
 
 from .test_runtime_support import LIMITS, PLAIN, fingerprint, open_session
 
