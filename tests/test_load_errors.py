@@ -167,6 +167,7 @@ def test_accept_and_steps_with_a_list_instead_of_a_dict_refused():
     s.accept({a: 1})
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 @pytest.mark.parametrize("how", ["meta", "sparse", "sparse_csr"])
 def test_meta_or_sparse_hidden_refused(how):
     s = open_session(PLAIN)
