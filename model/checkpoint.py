@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .config import Family, GdnConfig, preset
 from .ngram import NgramTable
-from .weights import HcWeights, LayerWeights, MixerWeights, MlpWeights, PleWeights
+from .weights import HcWeights, LayerWeights, MixerWeights, MlpWeights, PleWeights, dtype_problem
 
 log = logging.getLogger("gdn_trt.model")
 INDEX_FILE = "model.safetensors.index.json"
@@ -174,10 +174,9 @@ class _Tensors:
         path = self.files[full]
         with safe_open(path, "pt") as h:
             t = h.get_tensor(full)
-        if t.dtype.is_floating_point == integer or t.dtype == torch.bool:
-            kind = "an integer hash constant" if integer else "floating-point weights (bfloat16, float16, float32)"
-            raise ValueError(f"{path}: tensor {full} is {str(t.dtype).replace('torch.', '')}; gdn-trt reads {kind} "
-                             "here (dequantize or re-convert the checkpoint)")
+        why = dtype_problem(t, integer)
+        if why is not None:
+            raise ValueError(f"{path}: tensor {full} is {str(t.dtype).replace('torch.', '')}; {why}")
         if not integer and t.numel() and not bool(torch.isfinite(t.abs().amax())):  # 35 ms per 67 MB on one core
             bad = [f"{n} {what}" for n, what in ((int(torch.isnan(t).sum()), "NaN"),
                                                  (int(torch.isinf(t).sum()), "infinite")) if n]

@@ -15,6 +15,23 @@ from torch import Tensor
 from .config import GdnConfig
 
 
+# Float dtypes the layer can cast to its activation dtype; float8 weights need their block scales (a quantized
+# checkpoint) and would be cast without them, silently wrong.
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def dtype_problem(t: Tensor, integer: bool = False) -> str | None:
+    """Why `t` cannot be a weight (None when it can): float weights in WEIGHT_DTYPES, or (`integer`) an integer
+    hash constant."""
+    if integer:
+        return None if not t.dtype.is_floating_point and t.dtype != torch.bool else "it must be an integer tensor"
+    if t.dtype in WEIGHT_DTYPES:
+        return None
+    if t.dtype.is_floating_point:
+        return "a quantized (float8) weight needs its scales: dequantize the checkpoint to bfloat16 first"
+    return "weights must be floating point (bfloat16, float16, float32): dequantize or re-convert the checkpoint"
+
+
 def _check(name: str, t: Tensor, shape: tuple[int, ...], integer: bool = False) -> None:
     """A dense tensor with data, of `shape`, floating point (or, `integer`, an integer hash constant)."""
     if not isinstance(t, Tensor):
@@ -24,9 +41,9 @@ def _check(name: str, t: Tensor, shape: tuple[int, ...], integer: bool = False) 
                          "init_empty_weights or device_map='meta')")
     if t.layout != torch.strided:
         raise ValueError(f"weight {name} is a sparse tensor ({t.layout}): convert it with .to_dense()")
-    if t.dtype.is_floating_point == integer or t.dtype == torch.bool:
-        want = "an integer tensor" if integer else "floating point (bfloat16, float16, float32)"
-        raise ValueError(f"weight {name} is {str(t.dtype).replace('torch.', '')}; it must be {want}")
+    why = dtype_problem(t, integer)
+    if why is not None:
+        raise ValueError(f"weight {name} is {str(t.dtype).replace('torch.', '')}; {why}")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"weight {name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 

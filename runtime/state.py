@@ -301,9 +301,9 @@ class StatePool:
             exact = (type(m["name"]) is str and type(m["dtype"]) is str and type(m["offset"]) is int
                      and isinstance(shape, list) and all(type(d) is int for d in shape))
             if not exact or (m["name"], m["dtype"], tuple(shape), m["offset"]) != (e.name, e.dtype, e.shape, offset):
-                raise SnapshotError(f"snapshot tensor {m['name']!r} is {m['dtype']!r} {shape!r} at byte "
-                                    f"{m['offset']!r}; this pool needs {e.name} {e.dtype} {list(e.shape)} at byte "
-                                    f"{offset}")
+                raise SnapshotError(f"snapshot tensor {str(m['name'])[:80]!r} is {str(m['dtype'])[:40]!r} "
+                                    f"{str(shape)[:80]} at byte {str(m['offset'])[:40]}; this pool needs {e.name} "
+                                    f"{e.dtype} {list(e.shape)} at byte {offset}")
             offset += e.nbytes
         if offset != payload_bytes:
             raise SnapshotError(f"snapshot payload is {payload_bytes} bytes, the header describes {offset}")

@@ -387,7 +387,7 @@ def _checkpoint_case(rng: random.Random, src, dst) -> tuple[Want, str]:
             x.view(-1)[rng.randrange(x.numel())] = rng.choice([float("nan"), float("inf"), -float("inf")])
             want, what = Want.MUST_REFUSE, f"non-finite {key}"
         elif kind == "dtype":
-            x = x.to(rng.choice([torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool]))
+            x = x.to(rng.choice([torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool, torch.float8_e4m3fn]))
             want, what = Want.MUST_REFUSE, f"{key} as {x.dtype}"
         else:
             x = x.to(rng.choice([torch.float16, torch.bfloat16, torch.float64]))

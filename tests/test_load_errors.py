@@ -58,7 +58,15 @@ def test_non_finite_weights_refused_naming_file_and_tensor(ckpt, value, what):
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.uint8, torch.bool])
 def test_integer_weights_refused(ckpt, dtype):
     _edit_tensor(ckpt, KEY, lambda t: t.to(dtype))
-    with pytest.raises(ValueError, match=rf"{KEY} is {str(dtype).replace('torch.', '')}.*floating-point"):
+    with pytest.raises(ValueError, match=rf"{KEY} is {str(dtype).replace('torch.', '')}.*floating point"):
+        load_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_weights_refused_as_quantized(ckpt, dtype):
+    """An FP8 checkpoint's weights need their block scales; cast without them they would be silently wrong."""
+    _edit_tensor(ckpt, KEY, lambda t: t.to(dtype))
+    with pytest.raises(ValueError, match=rf"{KEY} is {str(dtype).replace('torch.', '')}; a quantized .*dequantize"):
         load_checkpoint(ckpt)
 
 
