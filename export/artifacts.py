@@ -8,7 +8,6 @@ the weights (path and digest; `ExportPlan.adapter`) and, per graph, its GraphSpe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.peft import load_adapter, merge_checkpoint
 from gdn_trt.plugins.spec import NAMESPACE
 
+from .digest import graph_files, sha256_files
 from .onnx_export import export_graph
 from .spec import GraphSpec, Limits, Variant, graph_spec
 
@@ -86,14 +86,10 @@ class GraphRecord:
 
 def _record(spec: GraphSpec, path: Path, root: Path) -> GraphRecord:
     model = onnx.load(str(path), load_external_data=False)
-    files = [path, path.with_name(path.name + ".data")]
-    h = hashlib.sha256()
-    for f in files:
-        if f.exists():
-            h.update(f.read_bytes())
+    files = graph_files(path)
     return GraphRecord(spec, str(path.relative_to(root)), len(model.graph.node),
                        sum(n.domain == NAMESPACE for n in model.graph.node),
-                       sum(f.stat().st_size for f in files if f.exists()), h.hexdigest())
+                       sum(f.stat().st_size for f in files), sha256_files(files))
 
 
 def _portable(path: Path | None, root: Path) -> str | None:

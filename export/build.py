@@ -7,8 +7,9 @@ parsing, the plugin modules are imported (they register the `gdn_trt` creators) 
 custom node whose creator is missing: TensorRT would otherwise inline the function body silently. `--no-plugins`
 asks for exactly that plugin-free build instead. Output per graph: `<out>/<model>/layer<i>/<stem>.plan` and a JSON
 manifest beside it (config hash, GraphSpec, TensorRT and plugin versions, GPU, the exact preview-feature set, the
-context memory per profile). Without TensorRT it raises `TrtUnavailable` with the install instructions; nothing
-pretends to build.
+context memory per profile, the plan's and the graph's paths relative to the manifest and their sha256, which the
+runtime checks). Without TensorRT it raises `TrtUnavailable` with the install instructions; nothing pretends to
+build.
 
 Polygraphy's `CreateConfig(preview_features=[...])` sets every member of `trt.PreviewFeature`: the ones listed on,
 all others off, TensorRT's defaults included (on 10.x `PROFILE_SHARING_0806` and `RUNTIME_ACTIVATION_RESIZE_10_10`
@@ -18,9 +19,9 @@ the whole set (`preview_feature_set`) so a plan says exactly what it was built w
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from gdn_trt.plugins.spec import NAMESPACE, OPS_BY_NAME, PLUGIN_VERSION
 from gdn_trt.plugins.trt_common import context_memory
 
 from .artifacts import GraphRecord, Manifest
+from .digest import graph_files, sha256_files
 from .spec import GraphSpec
 
 MIN_TRT = (10, 8)  # the oldest TensorRT whose plugin layer tests/test_trt_plugin_layer.py drives our six ops through
@@ -136,24 +138,41 @@ def _gpu() -> dict:
 
 
 def build_graph(manifest: Manifest, rec: GraphRecord, opts: BuildOptions) -> Path:
-    """Build and save one plan and its JSON manifest; returns the plan path."""
+    """Build and save one plan and its JSON manifest; returns the plan path. Refuses a graph whose bytes differ
+    from its export manifest's sha256 (changed since the export) before building."""
     trt = import_tensorrt()
     from polygraphy.backend.trt import SaveEngine
 
     onnx_path = manifest.root / rec.path
+    got = sha256_files(graph_files(onnx_path))
+    if got != rec.sha256:
+        raise ValueError(f"{onnx_path}: sha256 {got[:16]}... differs from the export manifest's {rec.sha256[:16]}...: "
+                         "the graph changed since the export; export again")
     plan = opts.out / manifest.data["model"] / Path(rec.path).with_suffix(".plan")
     plan.parent.mkdir(parents=True, exist_ok=True)
     engine = SaveEngine(engine_loader(rec.spec, onnx_path, opts.plugins, opts.refittable), path=str(plan))()
-    merged = manifest.data.get("adapter")
-    meta = {
-        "model": manifest.data["model"], "config_hash": rec.spec.config_hash, "graph_spec": rec.spec.to_json(),
-        "onnx": rec.path, "onnx_sha256": rec.sha256, "tensorrt": trt.__version__,
-        "plugins": ({op: {"namespace": NAMESPACE, "version": PLUGIN_VERSION} for op in custom_nodes(onnx_path)}
-                    if opts.plugins else "none (function bodies inlined)"),
-        "preview_features": preview_feature_set(trt), "context_memory": context_memory(engine), "gpu": _gpu(),
-        "refittable": opts.refittable,
-        "merged_adapter": None if merged is None else merged["digest"],
-        "plan_sha256": hashlib.sha256(plan.read_bytes()).hexdigest(), "plan_bytes": plan.stat().st_size,
-    }
+    built = {"tensorrt": trt.__version__, "preview_features": preview_feature_set(trt),
+             "context_memory": context_memory(engine)}
+    meta = plan_manifest(manifest, rec, plan, opts, built)
     plan.with_suffix(".json").write_text(json.dumps(meta, indent=2))
     return plan
+
+
+def plan_manifest(manifest: Manifest, rec: GraphRecord, plan: Path, opts: BuildOptions, built: dict) -> dict:
+    """The JSON manifest of a built plan. Paths are relative to the manifest's own folder (the plan beside it, the
+    graph it was built from), so an engines folder moved together with its export keeps resolving them; the
+    runtime checks both sha256 before deserializing (`runtime/plan_files.py`). `built`: what the build itself
+    reports (TensorRT version, preview-feature set, context memory per profile)."""
+    onnx_path = manifest.root / rec.path
+    merged = manifest.data.get("adapter")
+    return {
+        "model": manifest.data["model"], "config_hash": rec.spec.config_hash, "graph_spec": rec.spec.to_json(),
+        "plan": plan.name, "onnx": os.path.relpath(onnx_path, plan.parent), "onnx_sha256": rec.sha256,
+        "tensorrt": built["tensorrt"],
+        "plugins": ({op: {"namespace": NAMESPACE, "version": PLUGIN_VERSION} for op in custom_nodes(onnx_path)}
+                    if opts.plugins else "none (function bodies inlined)"),
+        "preview_features": built["preview_features"], "context_memory": built["context_memory"], "gpu": _gpu(),
+        "refittable": opts.refittable,
+        "merged_adapter": None if merged is None else merged["digest"],
+        "plan_sha256": sha256_files([plan]), "plan_bytes": plan.stat().st_size,
+    }

@@ -12,8 +12,8 @@ yet run: no machine of this project has had TensorRT (docs/tensorrt.md, open ite
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ from onnx import numpy_helper
 from gdn_trt.model.modes import LayerMode
 
 from .artifacts import Manifest
+from .digest import sha256_files
 
 
 def check_refit_pair(old: Path, new: Path) -> list[str]:
@@ -84,9 +85,9 @@ def refit_plans(manifest: Manifest, engines: Path, modes: tuple[LayerMode, ...] 
         tmp.write_bytes(bytes(engine.serialize()))
         tmp.replace(plan)
         adapter = manifest.data.get("adapter")
-        meta.update(onnx=rec.path, onnx_sha256=rec.sha256, merged_adapter=adapter and adapter["digest"],
-                    plan_sha256=hashlib.sha256(plan.read_bytes()).hexdigest(), plan_bytes=plan.stat().st_size,
-                    refit_from=str(manifest.root / rec.path))
+        onnx = os.path.relpath(manifest.root / rec.path, plan.parent)  # relative to the manifest's folder
+        meta.update(onnx=onnx, onnx_sha256=rec.sha256, merged_adapter=adapter and adapter["digest"],
+                    plan_sha256=sha256_files([plan]), plan_bytes=plan.stat().st_size, refit_from=onnx)
         meta_path.write_text(json.dumps(meta, indent=2))
         done.append(plan)
     return done

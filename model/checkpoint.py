@@ -8,7 +8,11 @@ layout (and the PLE row table as a flat file), so tests and the main job exercis
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,8 +24,9 @@ from torch import Tensor
 from .config import Family, GdnConfig, preset
 from .dtypes import ACTIVATION_DTYPES, DTYPES
 from .ngram import NgramTable
-from .weights import HcWeights, LayerWeights, MixerWeights, MlpWeights, PleWeights
+from .weights import HcWeights, LayerWeights, MixerWeights, MlpWeights, PleWeights, dtype_problem
 
+log = logging.getLogger("gdn_trt.model")
 INDEX_FILE = "model.safetensors.index.json"
 PLE_META = "ple_tables.json"
 _PREFIXES = ("model.language_model.", "model.", "")
@@ -66,6 +71,40 @@ class Checkpoint:
     ple_tables: dict[int, PleTable] = field(default_factory=dict)
     path: Path | None = None
     merged_adapter: str | None = None
+
+
+_DIGEST_CHUNK = 64 << 20
+
+
+def weights_digest(ck: Checkpoint) -> str:
+    """sha256 of everything that decides what a sequence's state means: the config hash, the merged adapter, every
+    tensor of every GDN layer (name, dtype, shape and all of its bytes) and the PLE tables' sizes (the tables, up
+    to 100 GB and memory-mapped, enter by rows, width and dtype only). A snapshot records it, so a restore onto
+    other weights of the same config is refused (`runtime/state.py`).
+
+    Every byte is hashed, in 64 MiB chunks on a thread pool (hashlib releases the GIL), then the chunk digests in
+    order. Measured on one idle core of an AMD EPYC (2026-12-03): 38 ms for a Qwen3-Next-80B GDN layer (67 MB
+    bf16), 440 ms for a Qwen3.5-27B GDN layer with its dense MLP (767 MB bf16), i.e. 1.75 GB/s per core (0.7-0.8
+    GB/s when the machine's 2 cores were shared with other jobs); so about 1.4 s and 21 s of core time for those
+    two models' GDN layers, once per session, divided by the cores the pool gets.
+    """
+    chunks, labels = [], []
+    for lw in ck.layers:
+        for name, t in lw.named_tensors().items():
+            raw = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+            labels.append((f"{lw.index}.{name}:{str(t.dtype)}:{list(t.shape)}", len(chunks)))
+            chunks += [raw[k:k + _DIGEST_CHUNK] for k in range(0, max(len(raw), 1), _DIGEST_CHUNK)]
+    with ThreadPoolExecutor(max(1, min(32, os.cpu_count() or 1))) as ex:
+        digests = list(ex.map(lambda c: hashlib.sha256(c).digest(), chunks))
+    h = hashlib.sha256(f"{ck.config.config_hash()}|{ck.merged_adapter}".encode())
+    for k, (label, first) in enumerate(labels):
+        end = labels[k + 1][1] if k + 1 < len(labels) else len(chunks)
+        h.update(label.encode())
+        for d in digests[first:end]:
+            h.update(d)
+    for i, t in sorted(ck.ple_tables.items()):
+        h.update(f"ple{i}:{t.rows}x{t.dim}:{t.dtype}".encode())
+    return h.hexdigest()
 
 
 # ---- Qwen3-Next group interleave (docs/math.md#projections-of-the-three-families) ----
@@ -126,12 +165,24 @@ class _Tensors:
             n = int.from_bytes(f.read(8), "little")
             return path, json.loads(f.read(n))[self.prefix + name], 8 + n
 
-    def get(self, name: str) -> Tensor:
+    def get(self, name: str, integer: bool = False) -> Tensor:
+        """The tensor, refused (naming file and tensor) unless it is floating point (`integer`: an integer hash
+        constant) and, for floats, finite."""
         full = self.prefix + name
         if full not in self.files:
             raise KeyError(f"checkpoint has no tensor {full!r}")
-        with safe_open(self.files[full], "pt") as h:
-            return h.get_tensor(full)
+        path = self.files[full]
+        with safe_open(path, "pt") as h:
+            t = h.get_tensor(full)
+        why = dtype_problem(t, integer)
+        if why is not None:
+            raise ValueError(f"{path}: tensor {full} is {str(t.dtype).replace('torch.', '')}; {why}")
+        if not integer and t.numel() and not bool(torch.isfinite(t.abs().amax())):  # 35 ms per 67 MB on one core
+            bad = [f"{n} {what}" for n, what in ((int(torch.isnan(t).sum()), "NaN"),
+                                                 (int(torch.isinf(t).sum()), "infinite")) if n]
+            raise ValueError(f"{path}: tensor {full} holds {' and '.join(bad)} values: the checkpoint is corrupt "
+                             "(re-download or re-convert it)")
+        return t
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -142,6 +193,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     cfg = GdnConfig.from_hf(root / "config.json", name=root.name)
     ts = _Tensors(root)
     layers = [_load_layer(cfg, ts, i) for i in cfg.gdn_layer_ids]
+    stored = sorted({str(t.dtype).replace("torch.", "") for lw in layers for t in lw.named_tensors().values()
+                     if t.dtype.is_floating_point} - {cfg.dtype})
+    if stored:
+        log.info("%s: weights stored as %s while config.json says %s: each layer casts them to the session's "
+                 "activation dtype when it is built", root, ", ".join(stored), cfg.dtype)
     tables = _ple_tables(cfg, root, ts)
     return Checkpoint(cfg, layers, tables, root)
 
@@ -185,8 +241,8 @@ def _load_ple(cfg: GdnConfig, ts: _Tensors, i: int) -> PleWeights:
     e = p + "ple_embedding."
     w = PleWeights(*(ts.get(p + n + ".weight") for n in ("key_proj", "value_proj", "norm_key", "norm_query",
                                                           "norm_conv")),
-                   ts.get(p + "conv1d.weight").squeeze(1), ts.get(e + "layer_multipliers"),
-                   ts.get(e + "ngram_heads_vocab_sizes"), ts.get(e + "ngram_heads_offsets"))
+                   ts.get(p + "conv1d.weight").squeeze(1), ts.get(e + "layer_multipliers", integer=True),
+                   ts.get(e + "ngram_heads_vocab_sizes", integer=True), ts.get(e + "ngram_heads_offsets", integer=True))
     # the hash constants are read from the checkpoint and re-derived once as a checksum (ple_hc.md §5.2)
     want = NgramTable.for_layer(cfg, i)
     for name, got, exp in (("layer_multipliers", w.multipliers, want.multipliers),

@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,9 @@ class GdnConfig:
                 raise ValueError(f"GdnConfig({self.name}): {msg}")
 
         need(isinstance(self.family, Family), f"family must be a Family, got {self.family!r}")
+        need(isinstance(self.rms_norm_eps, (int, float)) and not isinstance(self.rms_norm_eps, bool)
+             and math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0,
+             f"rms_norm_eps must be a finite number > 0, got {self.rms_norm_eps!r}")
         for f in ("hidden_size", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                   "linear_value_head_dim", "linear_conv_kernel_dim", "hc_count"):
             need(int(getattr(self, f)) >= 1, f"{f} must be >= 1, got {getattr(self, f)}")
@@ -203,58 +207,29 @@ class GdnConfig:
     # ---- HF config.json ----
     @classmethod
     def from_hf(cls, cfg: dict | str | Path, name: str = "hf") -> "GdnConfig":
-        """Build from an HF `config.json` (path or dict) of the three families; nested text configs are read."""
+        """Build from an HF `config.json` (path or dict) of the three families; nested text configs are read.
+        Every problem (not JSON, not an object, a missing key, a size that is not an integer, an unsupported
+        model_type, a value the config refuses) is a ValueError of one line naming the file and the key."""
+        where = "config" if isinstance(cfg, dict) else str(cfg)
         if not isinstance(cfg, dict):
-            cfg = json.loads(Path(cfg).read_text())
+            cfg = _read_json(Path(cfg))
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{where}: a JSON {type(cfg).__name__}, expected an object (a model's config.json)")
         outer_type = cfg.get("model_type")
+        if "text_config" in cfg and not isinstance(cfg["text_config"], (dict, type(None))):
+            raise ValueError(f"{where}: text_config must be a JSON object, got {type(cfg['text_config']).__name__}")
         text = cfg.get("text_config") or cfg
         model_type = text.get("model_type", outer_type)
-        family = _MODEL_TYPES.get(model_type) or _MODEL_TYPES.get(outer_type)
+        family = _MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
         if family is None:
-            raise ValueError(f"unsupported model_type {model_type!r}; expected one of {sorted(_MODEL_TYPES)}")
-        n = int(text["num_hidden_layers"])
-        layer_types = text.get("layer_types")
-        if layer_types is None:
-            interval = int(text.get("full_attention_interval", 4))
-            layer_types = [LINEAR if (i + 1) % interval else "full_attention" for i in range(n)]
-        eos = text.get("eos_token_id", cfg.get("eos_token_id"))
-        eos = eos[0] if isinstance(eos, list) else eos
-        hidden = int(text["hidden_size"])
-        dense = _dense_mlp_layers(family, model_type, text, n)
-        kw: dict[str, Any] = dict(
-            family=family,
-            name=name,
-            hidden_size=hidden,
-            layer_types=tuple(layer_types),
-            linear_num_key_heads=int(text["linear_num_key_heads"]),
-            linear_num_value_heads=int(text["linear_num_value_heads"]),
-            linear_key_head_dim=int(text["linear_key_head_dim"]),
-            linear_value_head_dim=int(text["linear_value_head_dim"]),
-            linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
-            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-            hidden_act=text.get("hidden_act", "silu"),
-            output_gate_type=text.get("output_gate_type") or text.get("hidden_act", "silu"),
-            # only dense MLP layers use it; 0 otherwise keeps the config hash independent of unused fields
-            intermediate_size=int(text.get("intermediate_size") or 0) if dense else 0,
-            dense_mlp_layers=dense,
-            vocab_size=int(text.get("vocab_size", 151_936)),
-            eos_token_id=int(eos) if eos is not None else 151_645,
-            dtype=str(text.get("dtype") or text.get("torch_dtype") or cfg.get("torch_dtype") or "bfloat16"),
-        )
-        if family is Family.QWEN4_EXP:
-            kw.update(
-                hc_count=int(text.get("hc_count", 4)),
-                hc_lowrank=int(text.get("hc_lowrank", 320)),
-                ple_layer_ids=tuple(sorted(set(text.get("ple_layer_ids") or []))),
-                ple_embed_dim=int(text.get("ple_embed_dim") or hidden),
-                ple_conv_kernel_size=int(text.get("ple_conv_kernel_size", 4)),
-                ngram_size=int(text.get("ngram_size", 3)),
-                heads_per_ngram=int(text.get("heads_per_ngram", 8)),
-                ngram_vocab_size_base=int(text.get("ngram_vocab_size_base", 20_000_000)),
-                make_ngram_vocab_size_divisible_by=int(text.get("make_ngram_vocab_size_divisible_by", 128)),
-                seed=int(text.get("seed", 1234)),
-            )
-        return cls(**kw)
+            raise ValueError(f"{where}: unsupported model_type {model_type!r}; gdn-trt reads {sorted(_MODEL_TYPES)}")
+        r = _Reader(text, where + (" (text_config)" if text is not cfg else ""))
+        try:
+            return cls(**_fields(r, family, model_type, cfg, name))
+        except ValueError as e:
+            if str(e).startswith(where):
+                raise
+            raise ValueError(f"{where}: {e}") from None
 
     def to_hf(self) -> dict:
         """An HF `config.json` of this family (text config; Qwen3.5 and Qwen4-Exp wrapped like the hub's)."""
@@ -295,16 +270,132 @@ class GdnConfig:
         return {"model_type": "qwen4_exp", "text_config": text}
 
 
-def _dense_mlp_layers(family: Family, model_type: str, text: dict, n: int) -> tuple[int, ...]:
+_NEED = object()
+# Released models have under 128 decoder layers; the bound keeps a forged config.json from making the loader build
+# a list of 2**62 layer types (it hung before).
+MAX_LAYERS = 4096
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 ({e.reason} at byte {e.start}); fix or re-download it") from None
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); fix or re-download it") from None
+
+
+class _Reader:
+    """Typed access to the keys of an HF config dict; each problem raises one line naming `where` and the key."""
+
+    def __init__(self, d: dict, where: str):
+        self.d, self.where = d, where
+
+    def _get(self, key: str, default: object) -> object:
+        if key in self.d:
+            return self.d[key]
+        if default is _NEED:
+            raise ValueError(f"{self.where}: missing {key!r}; an HF config of this family has it")
+        return default
+
+    def int(self, key: str, default: object = _NEED, nullable: bool = False, lo: int | None = None,
+            hi: int | None = None) -> int:
+        """An integer (an integral float such as 40.0 counts) in lo..hi; None -> `default` when `nullable`."""
+        v = self._get(key, default)
+        if v is None and nullable:
+            v = default
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if type(v) is not int:
+            raise ValueError(f"{self.where}: {key} must be an integer, got {v!r}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise ValueError(f"{self.where}: {key} must be in {lo}..{'' if hi is None else hi}, got {v}")
+        return v
+
+    def float(self, key: str, default: float) -> float:
+        v = self._get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{self.where}: {key} must be a number, got {v!r}")
+        return float(v)
+
+    def ints(self, key: str) -> list[int]:
+        v = self._get(key, None) or []
+        if not isinstance(v, list) or any(type(x) is not int for x in v):
+            raise ValueError(f"{self.where}: {key} must be a list of integers, got {v!r}")
+        return v
+
+    def str(self, key: str, default: str) -> str:
+        v = self._get(key, default)
+        if not isinstance(v, str):
+            raise ValueError(f"{self.where}: {key} must be a string, got {v!r}")
+        return v
+
+
+def _fields(r: _Reader, family: Family, model_type: str, outer: dict, name: str) -> dict[str, Any]:
+    """GdnConfig keyword arguments from an HF config's text part (`r`) and its outer dict."""
+    text = r.d
+    n = r.int("num_hidden_layers", lo=1, hi=MAX_LAYERS)
+    layer_types = text.get("layer_types")
+    if layer_types is None:
+        interval = r.int("full_attention_interval", 4, lo=1)
+        layer_types = [LINEAR if (i + 1) % interval else "full_attention" for i in range(n)]
+    if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+        raise ValueError(f"{r.where}: layer_types must be a list of strings, got {str(layer_types)[:80]!r}")
+    if len(layer_types) != n:
+        raise ValueError(f"{r.where}: layer_types lists {len(layer_types)} layers, num_hidden_layers says {n}")
+    eos = text.get("eos_token_id", outer.get("eos_token_id"))
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    if eos is not None and type(eos) is not int:
+        raise ValueError(f"{r.where}: eos_token_id must be an integer or a list of them, got {eos!r}")
+    hidden = r.int("hidden_size")
+    dense = _dense_mlp_layers(family, model_type, r, n)
+    dtype = text.get("dtype") or text.get("torch_dtype") or outer.get("torch_dtype") or "bfloat16"
+    kw: dict[str, Any] = dict(
+        family=family,
+        name=name,
+        hidden_size=hidden,
+        layer_types=tuple(layer_types),
+        linear_num_key_heads=r.int("linear_num_key_heads"),
+        linear_num_value_heads=r.int("linear_num_value_heads"),
+        linear_key_head_dim=r.int("linear_key_head_dim"),
+        linear_value_head_dim=r.int("linear_value_head_dim"),
+        linear_conv_kernel_dim=r.int("linear_conv_kernel_dim", 4),
+        rms_norm_eps=r.float("rms_norm_eps", 1e-6),
+        hidden_act=r.str("hidden_act", "silu"),
+        output_gate_type=text.get("output_gate_type") or r.str("hidden_act", "silu"),
+        # only dense MLP layers use it; 0 otherwise keeps the config hash independent of unused fields
+        intermediate_size=r.int("intermediate_size", 0, nullable=True) if dense else 0,
+        dense_mlp_layers=dense,
+        vocab_size=r.int("vocab_size", 151_936),
+        eos_token_id=eos if eos is not None else 151_645,
+        dtype=str(dtype),
+    )
+    if family is Family.QWEN4_EXP:
+        kw.update(
+            hc_count=r.int("hc_count", 4),
+            hc_lowrank=r.int("hc_lowrank", 320),
+            ple_layer_ids=tuple(sorted(set(r.ints("ple_layer_ids")))),
+            ple_embed_dim=r.int("ple_embed_dim", hidden, nullable=True) or hidden,
+            ple_conv_kernel_size=r.int("ple_conv_kernel_size", 4),
+            ngram_size=r.int("ngram_size", 3),
+            heads_per_ngram=r.int("heads_per_ngram", 8),
+            ngram_vocab_size_base=r.int("ngram_vocab_size_base", 20_000_000),
+            make_ngram_vocab_size_divisible_by=r.int("make_ngram_vocab_size_divisible_by", 128),
+            seed=r.int("seed", 1234),
+        )
+    return kw
+
+
+def _dense_mlp_layers(family: Family, model_type: str, r: _Reader, n: int) -> tuple[int, ...]:
     if family is Family.QWEN4_EXP:
         return ()
     if family is Family.QWEN3_5:
         # qwen3_5_text is the dense family; qwen3_5_moe(_text) is MoE everywhere
         return tuple(range(n)) if model_type in ("qwen3_5", "qwen3_5_text") else ()
     # Qwen3-Next: HF Qwen3NextDecoderLayer picks the dense MLP for mlp_only_layers, or when MoE is off
-    only = set(text.get("mlp_only_layers") or [])
-    experts = int(text.get("num_experts", 512))
-    step = int(text.get("decoder_sparse_step", 1))
+    only = set(r.ints("mlp_only_layers"))
+    experts = r.int("num_experts", 512, lo=0)
+    step = r.int("decoder_sparse_step", 1, lo=1)
     return tuple(i for i in range(n) if i in only or not (experts > 0 and (i + 1) % step == 0))
 
 

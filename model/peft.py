@@ -31,7 +31,7 @@ from .checkpoint import Checkpoint
 from .config import Family, GdnConfig, preset
 from .errors import GdnTrtError
 from .lora import (MLP_TARGETS, Adapter, LoraTarget, LoraWeights, family_targets, internal_rows, merge_layer,
-                   rank_scale, sites)
+                   non_finite, rank_scale, sites)
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -192,6 +192,11 @@ def _pair(cfg: GdnConfig, pc: PeftConfig, module: str, parts: dict[str, str], f)
                            f"expected [r, {s.in_dim}] and [{s.out_dim}, r]")
     if not a.dtype.is_floating_point or not b.dtype.is_floating_point:
         raise AdapterError(f"{module}: LoRA weights must be floating point, got {a.dtype} / {b.dtype}")
+    for part, x in (("lora_A", a), ("lora_B", b)):
+        bad = non_finite(x)
+        if bad is not None:
+            raise AdapterError(f"{module}.{part}.weight is not finite ({bad}): a LoRA adapter with NaN or Inf "
+                               "weights would turn every output of its sequences into NaN; fix the adapter")
     r = a.shape[0]
     if r < 1 or r != pc.rank(module):
         raise AdapterError(f"{module}: rank {r} in the tensors, {pc.rank(module)} in {CONFIG} (r / rank_pattern)")

@@ -15,7 +15,35 @@ from torch import Tensor
 from .config import GdnConfig
 
 
-def _check(name: str, t: Tensor, shape: tuple[int, ...]) -> None:
+# Float dtypes the layer can cast to its activation dtype; float8 weights need their block scales (a quantized
+# checkpoint) and would be cast without them, silently wrong.
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def dtype_problem(t: Tensor, integer: bool = False) -> str | None:
+    """Why `t` cannot be a weight (None when it can): float weights in WEIGHT_DTYPES, or (`integer`) an integer
+    hash constant."""
+    if integer:
+        return None if not t.dtype.is_floating_point and t.dtype != torch.bool else "it must be an integer tensor"
+    if t.dtype in WEIGHT_DTYPES:
+        return None
+    if t.dtype.is_floating_point:
+        return "a quantized (float8) weight needs its scales: dequantize the checkpoint to bfloat16 first"
+    return "weights must be floating point (bfloat16, float16, float32): dequantize or re-convert the checkpoint"
+
+
+def _check(name: str, t: Tensor, shape: tuple[int, ...], integer: bool = False) -> None:
+    """A dense tensor with data, of `shape`, floating point (or, `integer`, an integer hash constant)."""
+    if not isinstance(t, Tensor):
+        raise ValueError(f"weight {name} must be a tensor, got {type(t).__name__}")
+    if t.is_meta:
+        raise ValueError(f"weight {name} is a meta tensor (no data): load the real weights (not under "
+                         "init_empty_weights or device_map='meta')")
+    if t.layout != torch.strided:
+        raise ValueError(f"weight {name} is a sparse tensor ({t.layout}): convert it with .to_dense()")
+    why = dtype_problem(t, integer)
+    if why is not None:
+        raise ValueError(f"weight {name} is {str(t.dtype).replace('torch.', '')}; {why}")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"weight {name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
@@ -89,7 +117,7 @@ class PleWeights:
                             ("norm_query", (nC,)), ("norm_conv", (nC,)), ("conv", (nC, cfg.ple_conv_kernel_size)),
                             ("multipliers", (cfg.ngram_size,)), ("head_sizes", (cfg.ple_heads,)),
                             ("head_offsets", (cfg.ple_heads,))):
-            _check(f"ple.{name}", getattr(self, name), shape)
+            _check(f"ple.{name}", getattr(self, name), shape, integer=name.startswith(("multipliers", "head_")))
 
 
 @dataclass

@@ -12,6 +12,10 @@ that no sequence of this step needs. A step that needs more distinct adapters th
 an earlier step that reads it is still running (stream order), and the host copies never change after registration.
 CUDA graphs read the slot buffers at fixed addresses: a replay sees whatever the slots hold when it runs.
 
+One adapter's numbers reach only its own sequences: registration refuses an adapter with a NaN or Inf weight or
+scale, or whose scaled slot rows overflow the activation dtype; unregistering zeroes the adapter's slot; and the
+slot update itself (`model.lora.slot_delta`) never multiplies a token by another slot's values.
+
 Adapter bindings are not recurrent state: snapshots do not record them (the runtime binds adapters to sequences,
 `Session.restore(blob, adapter=...)` binds one to the restored sequence).
 """
@@ -19,6 +23,7 @@ Adapter bindings are not recurrent state: snapshots do not record them (the runt
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -26,7 +31,8 @@ import torch
 from torch import Tensor
 
 from gdn_trt.model.config import GdnConfig
-from gdn_trt.model.lora import Adapter, LoraInput, LoraLimits, LoraTarget, SlotWeights, slot_rows
+from gdn_trt.model.lora import (Adapter, LoraInput, LoraLimits, LoraTarget, LoraWeights, SlotWeights, non_finite,
+                                slot_rows)
 from gdn_trt.model.peft import AdapterError
 from gdn_trt.model.state import BufferSpec
 
@@ -80,7 +86,8 @@ class AdapterSlots:
 
     # ---- registry ----
     def register(self, name: str, adapter: Adapter) -> None:
-        """Keep `adapter` on the host under `name`; it is uploaded into a slot when a step first needs it."""
+        """Keep `adapter` on the host under `name`; it is uploaded into a slot when a step first needs it. Raises
+        `AdapterError` (nothing registered) when it does not fit or holds a non-finite value."""
         if not isinstance(name, str) or not name:
             raise AdapterError(f"an adapter name must be a non-empty string, got {name!r}")
         if name in self._host:
@@ -90,9 +97,12 @@ class AdapterSlots:
         except ValueError as e:
             raise AdapterError(str(e)) from None
         R, dt = self.limits.max_rank, self.spec.act_dtype
-        rows = {i: {t: tuple(self._pin(x) for x in slot_rows(w, R, dt)) for t, w in ts.items()}
-                for i, ts in adapter.layers.items()}
-        self._host[name] = _Host(adapter, rows)
+        rows = {i: {t: slot_rows(w, R, dt) for t, w in ts.items()} for i, ts in adapter.layers.items()}
+        for i, ts in adapter.layers.items():
+            for t, w in ts.items():
+                _check_finite(name, i, t, w, rows[i][t], dt)
+        self._host[name] = _Host(adapter, {i: {t: tuple(self._pin(x) for x in r) for t, r in ts.items()}
+                                           for i, ts in rows.items()})
 
     def unregister(self, name: str, bound: set[str]) -> None:
         """Forget an adapter (its slot becomes free); refused while a live sequence is bound to it."""
@@ -102,6 +112,7 @@ class AdapterSlots:
         del self._host[name]
         slot = self._resident.pop(name, None)
         if slot is not None:
+            self._zero(slot)
             self._free.append(slot)
 
     @property
@@ -169,6 +180,14 @@ class AdapterSlots:
                     w.b[slot].copy_(rows[1], non_blocking=True)
                     self.counters.bytes_uploaded += rows[0].nbytes + rows[1].nbytes
 
+    def _zero(self, slot: int) -> None:
+        """A freed slot holds zeros, not the numbers of the adapter that left it (enqueued on the current stream,
+        after every step that may still read the slot)."""
+        for ts in self.weights.values():
+            for w in ts.values():
+                w.a[slot].zero_()
+                w.b[slot].zero_()
+
     def layer_input(self, layer_idx: int, idx: Tensor) -> LoraInput:
         """The LoRA input of one layer for a step whose tokens use slots `idx [T] int32` (-1 = none)."""
         return LoraInput(idx, self.weights[layer_idx])
@@ -176,3 +195,20 @@ class AdapterSlots:
     def device_bytes(self) -> int:
         return sum(w.a.nbytes + w.b.nbytes for ts in self.weights.values() for w in ts.values())
 
+
+def _check_finite(name: str, layer: int, target: LoraTarget, w: LoraWeights, rows: tuple[Tensor, Tensor],
+                  dtype: torch.dtype) -> None:
+    """Raise `AdapterError` when a target's weights, scale or slot rows (scaled, cast to the activation dtype)
+    hold a non-finite value: such an adapter would turn its sequences' outputs into NaN."""
+    where = f"adapter {name!r} is not finite: layer {layer} {target.value}"
+    if not math.isfinite(w.scale):
+        raise AdapterError(f"{where} has scale {w.scale}; fix the adapter's lora_alpha / r")
+    for part, x in (("A", w.a), ("B", w.b)):
+        bad = non_finite(x)
+        if bad is not None:
+            raise AdapterError(f"{where} {part} holds {bad}; fix the adapter")
+    for part, x in zip(("A", "B"), rows):
+        bad = non_finite(x)
+        if bad is not None:
+            raise AdapterError(f"{where} {part} overflows {str(dtype).replace('torch.', '')} after scaling by "
+                               f"{w.scale} ({bad}); the adapter's weights are too large for the activation dtype")

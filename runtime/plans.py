@@ -9,7 +9,6 @@ never run silently). No tensorrt import here, so these checks run anywhere.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +17,11 @@ import torch
 
 from gdn_trt.export.spec import GraphSpec, Role
 from gdn_trt.model.config import GdnConfig
-from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.modes import LayerMode
 
 from .engine import LayerCall
+from .plan_files import PlanMismatchError, check_digests, plan_of, read_manifests
 
 log = logging.getLogger("gdn_trt.runtime")
 
@@ -36,8 +35,6 @@ class PlanMatch:
     merged_adapter: str | None = None
 
 
-class PlanMismatchError(GdnTrtError, ValueError):
-    """A plan under engines_dir was built for another config, dtype or layer set: rebuild it."""
 
 
 @dataclass(frozen=True)
@@ -64,18 +61,18 @@ def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str, match: P
                ) -> dict[tuple[int, LayerMode], PlanInfo]:
     """Every plan under `engines_dir` for `cfg`, by (layer, mode). Raises `PlanMismatchError` when a manifest
     there names this model but another config hash or dtype, other LoRA slots or another merged adapter than
-    `match`, and `FileNotFoundError` when none is found."""
+    `match`, a plan outside engines_dir, or a plan or graph whose sha256 differs from the recorded one
+    (`plan_files.py`), and `FileNotFoundError` when none is found. Files that are not plan manifests are listed
+    in one warning, with the reason each was skipped."""
     root = Path(engines_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"engines_dir {root} does not exist (run gdn-trt export and gdn-trt build)")
-    want, found = cfg.config_hash(), {}
-    for path in sorted(root.rglob("*.json")):
-        try:
-            m = json.loads(path.read_text())
-        except ValueError:
-            continue
-        if not isinstance(m, dict) or not ("graph_spec" in m or "spec" in m):
-            continue  # not a plan manifest (e.g. an export manifest)
+    want, found, unchecked = cfg.config_hash(), {}, []
+    manifests, skipped = read_manifests(root)
+    if skipped:
+        log.warning("engines_dir %s: %d JSON files skipped as plan manifests: %s", root, len(skipped),
+                    "; ".join(skipped))
+    for path, m in manifests:
         spec = _spec_of(m, path)
         got = m.get("config_hash", spec.config_hash)
         if got != want or spec.config_hash != want:
@@ -92,9 +89,10 @@ def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str, match: P
         if m.get("merged_adapter") != match.merged_adapter:
             raise PlanMismatchError(f"{path}: holds merged adapter {m.get('merged_adapter')}; the session's weights "
                                     f"have {match.merged_adapter} (export and build, or refit, the same weights)")
-        plan = path.parent / m.get("plan", path.with_suffix(".plan").name)
-        if not plan.is_file() or plan.stat().st_size == 0:
-            raise PlanMismatchError(f"{path}: its plan {plan} is missing or empty (a failed build?)")
+        plan = plan_of(root, path, m)
+        why = check_digests(path, m, plan)
+        if why is not None:
+            unchecked.append(f"{path.name} ({why})")
         key = (spec.layer_idx, spec.mode)
         if key in found:
             raise PlanMismatchError(f"two plans for layer {key[0]} {key[1].value}: {found[key].plan} and {plan}")
@@ -102,8 +100,10 @@ def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str, match: P
         found[key] = PlanInfo(plan, path, spec, versions)
     if not found:
         raise FileNotFoundError(f"no plan manifests under {root} (run gdn-trt build)")
+    if unchecked:
+        log.info("engines_dir %s: onnx_sha256 not checked for %d plans whose graphs are not beside them: %s", root,
+                 len(unchecked), "; ".join(unchecked[:4]) + (" ..." if len(unchecked) > 4 else ""))
     return found
-
 
 def in_place_outputs(engine, spec: GraphSpec) -> frozenset[str]:
     """The aliased outputs (`<x>_out`) a TensorRT engine confirms share their input's memory, which the runtime

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gdn_trt.model.checkpoint import PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer
+from gdn_trt.model.checkpoint import (PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer,
+                                     weights_digest)
 from gdn_trt.model.config import PRESETS, GdnConfig
 from gdn_trt.model.dtypes import DTYPES, dtype_name
 from gdn_trt.model.layer import GdnLayer
@@ -142,6 +143,7 @@ class _Parts:
     feeds: PleFeeds | None
     device: torch.device
     dtype: torch.dtype
+    weights: str | None = None  # weights_digest of the checkpoint: snapshots record it
 
 
 class Session:
@@ -169,7 +171,7 @@ class Session:
         layers = [GdnLayer(cfg, lw, dtype).to(dev) for lw in ckpt.layers]
         engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs, match)
         feeds = PleFeeds(cfg, ckpt.ple_tables, options.limits, dev) if cfg.ple_layer_ids else None
-        sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype), options)
+        sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype, weights_digest(ckpt)), options)
         sess._tmp = tmp
         return sess
 
@@ -177,7 +179,7 @@ class Session:
         self.cfg, self.device, self.dtype, self.options = parts.cfg, parts.device, parts.dtype, options
         self.limits = options.limits
         spec = BufferSpec(self.dtype, self.device)
-        self.pool = StatePool(self.cfg, self.limits.max_seqs, spec)
+        self.pool = StatePool(self.cfg, self.limits.max_seqs, spec, parts.weights)
         self.feeds = parts.feeds
         if self.feeds is not None:
             for i, c in self.feeds.carries().items():
@@ -268,11 +270,16 @@ class Session:
     def step(self, decode: dict[int, Tensor] | None = None, verify: dict[int, Tensor] | None = None,
              prefill: dict[int, Prompt] | None = None, token_ids: dict[int, object] | None = None) -> StepResult:
         """A mixed step (each sequence in one kind): validated as a whole, split into groups by kind, run."""
+        for name, d in (("decode", decode), ("verify", verify), ("prefill", prefill), ("token_ids", token_ids)):
+            if d is not None and not isinstance(d, dict):
+                raise TypeError(f"{name} takes a dict {{seq: input}}, got {type(d).__name__}")
         return run_step(self._steps, decode or {}, verify or {}, prefill or {}, token_ids or {})
 
     def accept(self, counts: dict[int, int]) -> None:
         """Commit `j` of each verified sequence's draft tokens: the state after draft token j-1 is folded from the
         stash into the pools on the device (j = 0 keeps the state). Clears the pending verify."""
+        if not isinstance(counts, dict):
+            raise TypeError(f"accept takes a dict {{seq: accepted count}}, got {type(counts).__name__}")
         checked = []
         for seq, j in counts.items():
             s = self._seqs[seq]
@@ -304,8 +311,9 @@ class Session:
         return blob
 
     def restore(self, blob: bytes, adapter: str | None = None) -> int:
-        """A new sequence holding a snapshot's state and position; a corrupt or foreign blob raises
-        `SnapshotError` and changes nothing. Snapshots hold recurrent state only, not adapter bindings: `adapter`
+        """A new sequence holding a snapshot's state and position; a corrupt, forged or foreign blob (another
+        config, other weights, a header or values the pool's schema refuses) raises `SnapshotError` before a slot
+        is taken, and changes nothing. Snapshots hold recurrent state only, not adapter bindings: `adapter`
         binds one to the new sequence (the state was computed under whatever adapter the original had)."""
         self._check_adapter(adapter)
         try:

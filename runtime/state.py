@@ -9,11 +9,20 @@ ngram_size-1 token ids per sequence, kept on the host by the PLE prestage). Inva
 - a snapshot reads a sequence's state only after the step that last wrote it has completed on its stream (the
   step's `Fence`), and restore validates the whole blob before any pool row is written.
 
-Snapshot format (version 1), little-endian:
+Snapshot format (version 2), little-endian:
     b"GDNSNAP" | u8 version | u32 header length | header (UTF-8 JSON) | payload | u32 crc32 of all before
-The header names the config hash, the token position, the layout string and one entry per tensor (name, dtype,
+The header names the config hash and name, the digest of the weights the state was computed with
+(`model.checkpoint.weights_digest`), the token position, the layout string and one entry per tensor (name, dtype,
 shape, byte offset into the payload). The payload holds, for one token boundary, every layer's conv, ssm and
-ple_conv rows and the PLE id carries.
+ple_conv rows and the PLE id carries. Version 1 had no weights digest.
+
+The CRC catches accidents only: anyone can re-seal a blob. So `decode` trusts nothing in it. Before any tensor is
+built it checks the header length against what this pool's header can be, parses the header as strict JSON (UTF-8,
+no duplicate keys, no NaN literals, any nesting error a `SnapshotError`), and checks it against an exact schema:
+the key sets, the types (a JSON `true` is not an int), the position range 0..2**62, the config hash, the weights
+digest, the layout and every tensor entry equal to this pool's, the payload size. Then the values: every float of
+the state finite and every PLE id carry inside the vocabulary. Every failure is a `SnapshotError` and nothing of
+the pool is read or written, so `Session.restore` takes a slot only for a blob that will restore.
 """
 
 from __future__ import annotations
@@ -33,7 +42,11 @@ from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.state import BufferSpec, LayerState
 
 MAGIC = b"GDNSNAP"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Positions count tokens; 2**62 is beyond any run and leaves int64 headroom for position + drafts arithmetic.
+MAX_POSITION = 2 ** 62
+_HEADER_KEYS = frozenset({"config_hash", "config", "weights", "position", "layout", "tensors"})
+_ENTRY_KEYS = frozenset({"name", "dtype", "shape", "offset"})
 # How every tensor of a slot is laid out; a change here is a format change (bump FORMAT_VERSION).
 LAYOUT = ("ssm [HV, K, V] key-dim rows; conv [conv_dim, W-1] pre-conv inputs oldest first; "
           "ple_conv [n*C, (k-1)*dilation] oldest first; ple_ids [ngram_size-1] int64 oldest first")
@@ -107,12 +120,15 @@ class StatePool:
         cfg: the model config (the one shape authority).
         slots: pool rows (the max_seqs limit).
         spec: activation dtype and device of the buffers (the recurrent state is fp32 or wider).
+        weights: digest of the weights (`model.checkpoint.weights_digest`); a snapshot restores only into a pool of
+            the same digest.
     """
 
-    def __init__(self, cfg: GdnConfig, slots: int, spec: BufferSpec):
+    def __init__(self, cfg: GdnConfig, slots: int, spec: BufferSpec, weights: str | None = None):
         if slots < 1:
             raise ValueError(f"a pool needs at least one slot, got max_seqs={slots}")
         self.cfg, self.slots, self.spec = cfg, slots, spec
+        self.weights = weights  # digest of the weights the state is computed with; snapshots record it
         self.device = torch.device(spec.device)
         self.layers: dict[int, LayerState] = {i: LayerState.allocate(cfg, i, slots, spec) for i in cfg.gdn_layer_ids}
         self.id_carries: dict[int, IdCarries] = {}
@@ -210,7 +226,7 @@ class StatePool:
         for e in entries:
             meta.append({"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "offset": offset})
             offset += e.nbytes
-        header = json.dumps({"config_hash": self.cfg.config_hash(), "config": self.cfg.name,
+        header = json.dumps({"config_hash": self.cfg.config_hash(), "config": self.cfg.name, "weights": self.weights,
                              "position": state.position, "layout": LAYOUT, "tensors": meta}).encode()
         payload = b"".join(_raw(t) for t in state.tensors)
         body = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header + payload
@@ -234,39 +250,103 @@ class StatePool:
             raise SnapshotError(f"snapshot truncated: header of {hlen} bytes does not fit in {len(blob)} bytes")
         if zlib.crc32(body) != crc:
             raise SnapshotError("snapshot checksum mismatch: the blob is corrupt or truncated")
-        try:
-            header = json.loads(body[_PREFIX.size:_PREFIX.size + hlen])
-        except ValueError as e:
-            raise SnapshotError(f"snapshot header is not valid JSON: {e}") from None
+        if hlen > self._max_header():
+            raise SnapshotError(f"snapshot header of {hlen} bytes is larger than any header of this pool "
+                                f"({self._max_header()} bytes at most)")
+        header = _parse(body[_PREFIX.size:_PREFIX.size + hlen])
         self._check_header(header, len(body) - _PREFIX.size - hlen)
         payload = body[_PREFIX.size + hlen:]
         tensors = tuple(_tensor(payload[m["offset"]:m["offset"] + e.nbytes], e)
                         for m, e in zip(header["tensors"], self.layout()))
-        return SlotState(tensors, int(header["position"]))
+        self._check_values(tensors)
+        return SlotState(tensors, header["position"])
 
-    def _check_header(self, header: dict, payload_bytes: int) -> None:
+    def _max_header(self) -> int:
+        """A bound on this pool's header: the fixed fields, a config name of up to 1 KiB, 256 bytes per tensor
+        entry (a real entry is under 100)."""
+        return 2048 + len(LAYOUT) + 256 * len(self.layout())
+
+    def _check_header(self, header: object, payload_bytes: int) -> None:
+        if not isinstance(header, dict):
+            raise SnapshotError(f"snapshot header must be a JSON object, got {type(header).__name__}")
+        _keys("snapshot header", header, _HEADER_KEYS)
+        _typed("config_hash", header["config_hash"], str)
+        _typed("config", header["config"], str)
         want = self.cfg.config_hash()
-        if header.get("config_hash") != want:
-            raise SnapshotError(f"snapshot was taken with config {header.get('config')!r} (hash "
-                                f"{header.get('config_hash')}), this pool runs {self.cfg.name!r} (hash {want})")
-        if header.get("layout") != LAYOUT:
-            raise SnapshotError(f"snapshot state layout differs: {header.get('layout')!r}")
-        pos = header.get("position")
-        if not isinstance(pos, int) or pos < 0:
-            raise SnapshotError(f"snapshot token position must be an int >= 0, got {pos!r}")
-        got, entries = header.get("tensors"), self.layout()
+        if header["config_hash"] != want:
+            raise SnapshotError(f"snapshot was taken with config {header['config']!r} (hash "
+                                f"{header['config_hash']}), this pool runs {self.cfg.name!r} (hash {want})")
+        if header["weights"] is not None:
+            _typed("weights", header["weights"], str)
+        if header["weights"] != self.weights:
+            raise SnapshotError(f"snapshot was taken with other weights (digest {str(header['weights'])[:16]}), this "
+                                f"pool computes with {str(self.weights)[:16]}: restore it into a session of the same "
+                                "checkpoint")
+        if header["layout"] != LAYOUT:
+            raise SnapshotError(f"snapshot state layout differs: {header['layout']!r}")
+        pos = header["position"]
+        if type(pos) is not int or not 0 <= pos <= MAX_POSITION:
+            raise SnapshotError(f"snapshot token position must be an int in 0..2**62, got {pos!r}")
+        got, entries = header["tensors"], self.layout()
         if not isinstance(got, list) or len(got) != len(entries):
             raise SnapshotError(f"snapshot holds {len(got) if isinstance(got, list) else '?'} tensors, "
                                 f"this pool's slot has {len(entries)}")
         offset = 0
         for m, e in zip(got, entries):
-            seen = (m.get("name"), m.get("dtype"), tuple(m.get("shape") or ()), m.get("offset"))
-            if seen != (e.name, e.dtype, e.shape, offset):
-                raise SnapshotError(f"snapshot tensor {seen[0]} is {seen[1]} {list(seen[2])} at byte {seen[3]}; "
-                                    f"this pool needs {e.name} {e.dtype} {list(e.shape)} at byte {offset}")
+            if not isinstance(m, dict):
+                raise SnapshotError(f"snapshot tensor entry for {e.name} must be a JSON object, got "
+                                    f"{type(m).__name__}")
+            _keys(f"snapshot tensor entry for {e.name}", m, _ENTRY_KEYS)
+            shape = m["shape"]
+            exact = (type(m["name"]) is str and type(m["dtype"]) is str and type(m["offset"]) is int
+                     and isinstance(shape, list) and all(type(d) is int for d in shape))
+            if not exact or (m["name"], m["dtype"], tuple(shape), m["offset"]) != (e.name, e.dtype, e.shape, offset):
+                raise SnapshotError(f"snapshot tensor {str(m['name'])[:80]!r} is {str(m['dtype'])[:40]!r} "
+                                    f"{str(shape)[:80]} at byte {str(m['offset'])[:40]}; this pool needs {e.name} "
+                                    f"{e.dtype} {list(e.shape)} at byte {offset}")
             offset += e.nbytes
         if offset != payload_bytes:
             raise SnapshotError(f"snapshot payload is {payload_bytes} bytes, the header describes {offset}")
+
+    def _check_values(self, tensors: tuple[Tensor, ...]) -> None:
+        """Every float of the state finite, every PLE id carry inside the vocabulary."""
+        V = self.cfg.vocab_size
+        for e, t in zip(self.layout(), tensors):
+            if t.dtype.is_floating_point:
+                if not bool(torch.isfinite(t).all()):
+                    raise SnapshotError(f"snapshot tensor {e.name} is not finite ({int(torch.isnan(t).sum())} NaN, "
+                                        f"{int(torch.isinf(t).sum())} infinite values)")
+            elif t.numel() and not (0 <= int(t.min()) and int(t.max()) < V):
+                raise SnapshotError(f"snapshot tensor {e.name} holds token ids {t.tolist()} outside the vocabulary "
+                                    f"[0, {V})")
+
+
+def _parse(raw: bytes) -> object:
+    """Strict JSON: UTF-8, no duplicate keys, no NaN or Infinity literals; every failure a `SnapshotError`."""
+    def pairs(items: list[tuple[str, object]]) -> dict:
+        d = dict(items)
+        if len(d) != len(items):
+            raise ValueError(f"duplicate keys {sorted({k for k, _ in items if sum(k == j for j, _ in items) > 1})}")
+        return d
+
+    def constant(name: str) -> float:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=pairs, parse_constant=constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise SnapshotError(f"snapshot header is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _keys(what: str, d: dict, want: frozenset[str]) -> None:
+    if set(d) != want:
+        missing, extra = sorted(want - set(d)), sorted(set(d) - want)
+        raise SnapshotError(f"{what}: missing keys {missing}, unknown keys {[k[:40] for k in extra][:8]}")
+
+
+def _typed(name: str, value: object, kind: type) -> None:
+    if type(value) is not kind:
+        raise SnapshotError(f"snapshot header field {name} must be a {kind.__name__}, got {type(value).__name__}")
 
 
 def _raw(t: Tensor) -> bytes:

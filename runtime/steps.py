@@ -119,6 +119,9 @@ def _hidden(parts: StepParts, h: object, kind: StepKind, seq: int) -> Tensor:
     width = parts.cfg.stream_dim
     if not isinstance(h, Tensor):
         raise TypeError(f"{kind.value} input of sequence {seq} must be a tensor, got {type(h).__name__}")
+    if h.is_meta or h.layout != torch.strided:
+        raise ValueError(f"{kind.value} input of sequence {seq} must be a dense tensor with data, got a "
+                         f"{'meta' if h.is_meta else h.layout} tensor")
     if h.dim() != 2 or h.shape[1] != width:
         raise ValueError(f"{kind.value} input of sequence {seq} must be [tokens, {width}], got {tuple(h.shape)}")
     if h.dtype != parts.dtype:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -117,9 +118,10 @@ def test_runtime_binds_every_lora_graph_input(tmp_path):
 def _plan(root, spec, **meta):
     d = root / "layer0"
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"{spec.stem}.plan").write_bytes(b"placeholder: never deserialized")
+    raw = b"placeholder: never deserialized"
+    (d / f"{spec.stem}.plan").write_bytes(raw)
     (d / f"{spec.stem}.json").write_text(json.dumps({"config_hash": spec.config_hash, "graph_spec": spec.to_json(),
-                                                     **meta}))
+                                                     "plan_sha256": hashlib.sha256(raw).hexdigest(), **meta}))
 
 
 def test_plans_for_other_lora_slots_or_weights_refused(tmp_path):

@@ -4,6 +4,7 @@ that needs TensorRT, see docs/tensorrt.md.)"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 
@@ -21,8 +22,10 @@ def _write(root, cfg, layer, mode, dtype="float32", **extra):
     spec = graph_spec(cfg, layer, mode, Limits(), dtype)
     d = root / f"layer{layer}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"{spec.stem}.plan").write_bytes(b"placeholder bytes: these tests never deserialize a plan")
-    m = {"config_hash": cfg.config_hash(), "graph_spec": spec.to_json(), "tensorrt": "10.x", **extra}
+    raw = b"placeholder bytes: these tests never deserialize a plan"
+    (d / f"{spec.stem}.plan").write_bytes(raw)
+    m = {"config_hash": cfg.config_hash(), "graph_spec": spec.to_json(), "tensorrt": "10.x",
+         "plan_sha256": hashlib.sha256(raw).hexdigest(), **extra}
     (d / f"{spec.stem}.json").write_text(json.dumps(m))
     return d / f"{spec.stem}.json"
 
