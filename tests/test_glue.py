@@ -20,7 +20,7 @@ from gdn_trt.model.norms import gated_rms_norm, rms_norm_1p
 from gdn_trt.plugins.glue import naive
 from gdn_trt.plugins.glue import op as glue
 
-from .glue_support import LAYERS, Shape, entry, glue_cases, make_layer, reference, run_step, assert_same_step
+from .glue_support import LAYERS, Shape, assert_same_step, entry, glue_cases, make_layer, reference, run_step
 from .tolerances import assert_close, tol
 
 F64 = torch.float64
@@ -37,8 +37,8 @@ def test_references_equal_the_layer_torch_code():
     assert_close("grouped norm", rms_norm_1p(x, w, 1e-6, group=24), h, EXACT)
     o, z, gw = torch.randn(5, 3, 16, dtype=F64), torch.randn(5, 3, 16, dtype=F64), torch.randn(16, dtype=F64)
     for act in ("silu", "sigmoid"):
-        assert_close(f"gated norm {act}", gated_rms_norm(o, z, gw, 1e-6, act), naive.gated_rms_norm(o, z, gw, 1e-6, act),
-                     EXACT)
+        want = gated_rms_norm(o, z, gw, 1e-6, act)
+        assert_close(f"gated norm {act}", want, naive.gated_rms_norm(o, z, gw, 1e-6, act), EXACT)
 
 
 @pytest.mark.parametrize("mode", list(LayerMode), ids=lambda m: m.value)
@@ -150,10 +150,10 @@ def test_fused_layer_graph_replay_equals_eager_bit_for_bit(case):
     start = LayerState.allocate(cfg, layer.index, 3, spec)
     for t in start.tensors():
         t.normal_()
-    eager, graphed = (LayerState(*[t.clone() if t is not None else None for t in (start.conv, start.ssm, start.ple_conv)])
-                      for _ in range(2))
+    copy = lambda: LayerState(*[t.clone() if t is not None else None  # noqa: E731
+                                for t in (start.conv, start.ssm, start.ple_conv)])
+    eager, graphed, warm = copy(), copy(), copy()
     want, _ = layer.decode_multi_seq(step, eager)
-    warm = LayerState(*[t.clone() if t is not None else None for t in (start.conv, start.ssm, start.ple_conv)])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
