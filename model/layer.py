@@ -233,9 +233,9 @@ class GdnLayer(nn.Module):
         the mix, the inject) around the two low-rank GEMMs."""
         n, C, eps = self.cfg.hc_count, self.cfg.hidden_size, self.cfg.rms_norm_eps
         if fused:
-            hn, streams, inj = glue.hc_norm(streams, adds, hc.norm, hc.inject, eps)
+            hn, streams, logits = glue.hc_norm(streams, adds, hc.norm, hc.inject, eps)
             x = glue.hc_mix(hn, F.linear(glue.silu_div(F.linear(hn, hc.down), n), hc.up), n)
-            return glue.hc_inject(streams, inj, sublayer(x))
+            return glue.hc_inject(streams, logits, sublayer(x))
         if adds:
             streams = streams + adds[0]
         T = streams.shape[0]

@@ -147,7 +147,7 @@ def glue_cases(s: Shape, dtype: torch.dtype, device: str, seed: int) -> dict[str
         "silu_mul": (rnd(s.T, 2 * s.I),),
         "silu_div": (rnd(s.T, s.R + 3)[:, :s.R], s.n),
         "hc_mix": (rnd(s.T, D), wide, s.n),
-        "hc_inject": (wide, rnd(s.T, s.n), rnd(s.T, s.C)),
+        "hc_inject": (wide, torch.randn(s.T, s.n, s.n, generator=g).to(device), rnd(s.T, s.C)),  # fp32 logits
         "ple_gate": (rnd(s.T, D), rnd(s.T, s.C), wide, norms),
     }
 

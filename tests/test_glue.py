@@ -88,7 +88,9 @@ def test_bad_arguments_raise_before_anything_runs():
     with pytest.raises(ValueError, match="act must be"):
         glue.gated_rms_norm(torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.ones(4), 1e-6, "relu")
     with pytest.raises(ValueError, match="streams must be"):
-        glue.hc_inject(torch.randn(4, 30), torch.randn(4, 4), torch.randn(4, 8))
+        glue.hc_inject(torch.randn(4, 30), torch.randn(4, 4, 4), torch.randn(4, 8))
+    with pytest.raises(ValueError, match="logits must be"):
+        glue.hc_inject(torch.randn(4, 32), torch.randn(4, 4), torch.randn(4, 8))
 
 
 # ---- GPU ----

@@ -38,12 +38,14 @@ def add_rms_norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, eps: float, group
 def hc_norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, inject: Tensor, eps: float
             ) -> tuple[Tensor, Tensor, Tensor]:
     """The hc sublayer's entry: (hn, r) = `add_rms_norm` over groups of C = D / n (n = inject.shape[0]), and the
-    inject gates inj = 2 * sigmoid(hn inject^T / n) [T, n]. Returns (hn [T, D], r [T, D], inj [T, n])."""
+    inject logits hn inject^T split by stream group: logits[t, g, i] = <hn[t, group g], inject[i, group g]> in the
+    compute dtype (summed over g by `hc_inject`). Returns (hn [T, D], r [T, D], logits [T, n, n])."""
     n = inject.shape[0]
     hn, r = add_rms_norm(x, adds, w, eps, x.shape[-1] // n)
     cd = compute_dtype(x.dtype)
-    inj = 2 * torch.sigmoid(F.linear(hn.to(cd), inject.to(cd)) / n)
-    return hn, r, inj.to(x.dtype)
+    T = x.shape[0]
+    logits = torch.einsum("tgc,igc->tgi", hn.to(cd).reshape(T, n, -1), inject.to(cd).reshape(n, n, -1))
+    return hn, r, logits
 
 
 def gated_rms_norm(o: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Tensor:
@@ -72,11 +74,13 @@ def hc_mix(hn: Tensor, up: Tensor, n: int) -> Tensor:
     return (torch.sigmoid(up.to(cd)) * hn.to(cd)).reshape(T, n, -1).mean(1).to(hn.dtype)
 
 
-def hc_inject(streams: Tensor, inj: Tensor, y: Tensor) -> Tensor:
-    """The hc residual: streams + inj[:, i] * y on stream i. streams [T, n*C], inj [T, n], y [T, C]."""
+def hc_inject(streams: Tensor, logits: Tensor, y: Tensor) -> Tensor:
+    """The hc residual: streams + inj[:, i] * y on stream i, inj = 2 sigmoid(logits.sum(1) / n) [T, n] from the
+    grouped inject logits of `hc_norm`. streams [T, n*C], logits [T, n, n], y [T, C]."""
     cd = compute_dtype(streams.dtype)
-    T, n = inj.shape
-    out = streams.to(cd).reshape(T, n, -1) + inj.to(cd)[:, :, None] * y.to(cd)[:, None, :]
+    T, n = logits.shape[:2]
+    inj = 2 * torch.sigmoid(logits.to(cd).sum(1) / n)
+    out = streams.to(cd).reshape(T, n, -1) + inj[:, :, None] * y.to(cd)[:, None, :]
     return out.reshape(streams.shape).to(streams.dtype)
 
 

@@ -45,8 +45,9 @@ def add_rms_norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, eps: float, group
 
 def hc_norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, inject: Tensor, eps: float
             ) -> tuple[Tensor, Tensor, Tensor]:
-    """The hc sublayer entry: (hn, r) as `add_rms_norm` per stream of C = D / n channels and the inject gates
-    2 sigmoid(hn inject^T / n). x, adds [T, D]; w [D]; inject [n, D]. Returns (hn, r, inj [T, n])."""
+    """The hc sublayer entry: (hn, r) as `add_rms_norm` per stream of C = D / n channels and the inject logits
+    hn inject^T by stream group (naive.hc_norm). x, adds [T, D]; w [D]; inject [n, D].
+    Returns (hn, r, logits [T, n, n] in fp32, or fp64 for fp64 inputs)."""
     _check_adds(x, adds)
     if inject.dim() != 2 or inject.shape[1] != x.shape[1] or x.shape[1] % inject.shape[0] or \
             not inject.is_contiguous():
@@ -92,14 +93,17 @@ def hc_mix(hn: Tensor, up: Tensor, n: int) -> Tensor:
     return _impl(hn).hc_mix(hn, up, n)
 
 
-def hc_inject(streams: Tensor, inj: Tensor, y: Tensor) -> Tensor:
-    """streams [T, n*C] + inj [T, n] * y [T, C] on each stream -> the new streams [T, n*C]."""
+def hc_inject(streams: Tensor, logits: Tensor, y: Tensor) -> Tensor:
+    """streams [T, n*C] + 2 sigmoid(logits.sum(1) / n) [T, n] * y [T, C] on each stream -> the new streams
+    [T, n*C]; logits [T, n, n] from `hc_norm`."""
     T = streams.shape[0] if streams.dim() else 0
     check_rows("y", y, T)
-    check_rows("inj", inj, T)
-    check_rows("streams", streams, T, inj.shape[1] * y.shape[1])
-    check_same(streams, inj, y)
-    return _impl(streams).hc_inject(streams, inj, y)
+    n = logits.shape[1] if logits.dim() == 3 else 0
+    if logits.dim() != 3 or tuple(logits.shape) != (T, n, n) or not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be [{T}, n, n] (hc_norm's), got {tuple(logits.shape)}")
+    check_rows("streams", streams, T, n * y.shape[1])
+    check_same(streams, y)
+    return _impl(streams).hc_inject(streams, logits, y)
 
 
 def ple_gate(key: Tensor, value: Tensor, streams: Tensor, norms: PleNorms) -> tuple[Tensor, Tensor]:

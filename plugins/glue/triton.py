@@ -4,10 +4,13 @@ Why these kernels: in the layer's torch code every norm, gate and residual add i
 dtype copies (an RMSNorm(1 + w) alone is eight: upcast, square, mean, add, rsqrt, two products, downcast), and at
 decode each of them costs a launch (~2 us of device time) for a few kilobytes of data. Each kernel here reads its
 inputs once and writes its outputs once, computing in fp32 in registers:
-- `add_rms_norm`: the residual add(s) and the RMSNorm(1 + w), grouped per stream for hc (one program per row);
-- `hc_norm`: the same for an hc sublayer, plus its inject gates 2 sigmoid(hn inject^T / n): the [n, n*C] inject
-  weight is tiny, so each row's n dot products are done in the program that already holds the normed row, which
-  saves a GEMM launch and a gate kernel;
+- `add_rms_norm`: the residual add(s) and the RMSNorm(1 + w), one program per (row, stream);
+- `hc_norm`: the same for an hc sublayer, plus its inject logits hn inject^T: the [n, n*C] inject weight is tiny,
+  so each (row, stream) program, which holds that stream's normed channels, also forms their share of the n dot
+  products (a [n, C] tile, one 2D reduction) and `hc_inject` sums the n shares and applies 2 sigmoid(. / n); this
+  saves a GEMM launch and a gate kernel. (The first version ran one program per row over the n streams with n + 1
+  reductions per stream: 20.3 us at decode N = 1 on the H200 for Qwen4-Exp, a single SM's serial latency,
+  bench/results/2026-12-03-glue.md.)
 - `gated_rms_norm`: the GDN output norm per value head times act(z), reading z in place from the projection
   (a strided column slice: its row and head strides are kernel arguments, nothing is copied);
 - `silu_mul` (SwiGLU), `silu_div` (the hc low-rank activation), `hc_mix` (sigmoid gates, product, mean over the
@@ -58,46 +61,44 @@ def _warps(block: int) -> int:
 
 
 @triton.jit
-def _rms(b_x, w, o_c, m_c, eps, G: tl.constexpr):
-    """RMSNorm(1 + w) of one group of G channels held as fp32 b_x (masked lanes 0); fp32 result."""
+def _rms(b_x, b_w, eps, G: tl.constexpr):
+    """RMSNorm(1 + w) of one group of G channels held as fp32 b_x (masked lanes 0), weight b_w; fp32 result."""
     b_rs = tl.rsqrt(tl.sum(b_x * b_x, 0) / G + eps)
-    return b_x * b_rs * (1.0 + tl.load(w + o_c, mask=m_c, other=0.0).to(tl.float32))
+    return b_x * b_rs * (1.0 + b_w.to(tl.float32))
 
 
 @triton.jit
 def norm_kernel(
-    x, d0, d1, w, inject, h, r, inj,  # x, d0, d1 [T, D]; w [D]; inject [NG, D]; h, r [T, D]; inj [T, NG]
+    x, d0, d1, w, inject, h, r, logits,  # x, d0, d1 [T, D]; w [D]; inject [NG, D]; h, r [T, D]; logits [T, NG, NG]
     s_x, s_d0, s_d1, eps,
     D: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, BG: tl.constexpr, BN: tl.constexpr,
     N_ADD: tl.constexpr, INJECT: tl.constexpr,
 ):
-    """One row: r = x + (d0 + d1), h = RMSNorm(1 + w) of r per group of G channels, and with INJECT the NG gates
-    2 sigmoid(<h, inject[i]> / NG)."""
-    i_t = tl.program_id(0).to(tl.int64)
+    """One (row, group of G channels): r = x + (d0 + d1), h = RMSNorm(1 + w) of r, and with INJECT the group's
+    share of the NG inject logits, logits[t, g, i] = <h[t, group g], inject[i, group g]> (one 2D reduction)."""
+    i_t, i_g = tl.program_id(0).to(tl.int64), tl.program_id(1)
     dt = h.dtype.element_ty
     o_g = tl.arange(0, BG)
     m_g = o_g < G
-    o_n = tl.arange(0, BN)
-    b_inj = tl.zeros([BN], dtype=tl.float32)
-    for g in tl.static_range(NG):
-        o_c = g * G + o_g
-        b_r = tl.load(x + i_t * s_x + o_c, mask=m_g, other=0.0)
-        if N_ADD > 0:
-            b_d = tl.load(d0 + i_t * s_d0 + o_c, mask=m_g, other=0.0)
-            if N_ADD > 1:  # the torch code adds the two deltas first (the PLE output gv + conv)
-                b_d = (b_d.to(tl.float32) + tl.load(d1 + i_t * s_d1 + o_c, mask=m_g, other=0.0).to(tl.float32)).to(dt)
-            b_r = (b_r.to(tl.float32) + b_d.to(tl.float32)).to(dt)
-            tl.store(r + i_t * D + o_c, b_r, mask=m_g)
-        b_h = _rms(b_r.to(tl.float32), w, o_c, m_g, eps, G).to(dt)
-        tl.store(h + i_t * D + o_c, b_h, mask=m_g)
-        if INJECT:
-            for i in tl.static_range(NG):
-                b_iw = tl.load(inject + i * D + o_c, mask=m_g, other=0.0).to(tl.float32)
-                b_inj += tl.where(o_n == i, tl.sum(b_h.to(tl.float32) * b_iw, 0), 0.0)
+    o_c = i_g * G + o_g
+    # every load is issued before the first reduction (a reduction's barrier keeps later loads behind it)
+    b_r = tl.load(x + i_t * s_x + o_c, mask=m_g, other=0.0)
+    b_w = tl.load(w + o_c, mask=m_g, other=0.0)
     if INJECT:
-        b_l = (b_inj.to(dt).to(tl.float32) / NG).to(dt).to(tl.float32)
-        b_s = tl.sigmoid(b_l).to(dt).to(tl.float32)
-        tl.store(inj + i_t * NG + o_n, (2.0 * b_s).to(dt), mask=o_n < NG)
+        o_n = tl.arange(0, BN)
+        m_iw = (o_n < NG)[:, None] & m_g[None, :]
+        b_iw = tl.load(inject + o_n[:, None] * D + o_c[None, :], mask=m_iw, other=0.0)
+    if N_ADD > 0:
+        b_d = tl.load(d0 + i_t * s_d0 + o_c, mask=m_g, other=0.0)
+        if N_ADD > 1:  # the torch code adds the two deltas first (the PLE output gv + conv)
+            b_d = (b_d.to(tl.float32) + tl.load(d1 + i_t * s_d1 + o_c, mask=m_g, other=0.0).to(tl.float32)).to(dt)
+        b_r = (b_r.to(tl.float32) + b_d.to(tl.float32)).to(dt)
+        tl.store(r + i_t * D + o_c, b_r, mask=m_g)
+    b_h = _rms(b_r.to(tl.float32), b_w, eps, G).to(dt)
+    tl.store(h + i_t * D + o_c, b_h, mask=m_g)
+    if INJECT:
+        b_l = tl.sum(b_h.to(tl.float32)[None, :] * b_iw.to(tl.float32), 1)
+        tl.store(logits + (i_t * NG + i_g) * NG + o_n, b_l, mask=o_n < NG)
 
 
 @triton.jit
@@ -116,8 +117,9 @@ def gated_norm_kernel(
     m = m_r[:, None] & m_v[None, :]
     b_o = tl.load(o + o_r[:, None] * V + o_v[None, :], mask=m, other=0.0).to(tl.float32)
     b_z = tl.load(z + i_t[:, None] * s_zt + i_h[:, None] * s_zh + o_v[None, :], mask=m, other=0.0).to(tl.float32)
+    b_w = tl.load(w + o_v, mask=m_v, other=0.0).to(tl.float32)
     b_y = (b_o * tl.rsqrt(tl.sum(b_o * b_o, 1) / V + eps)[:, None]).to(dt)
-    b_y = (tl.load(w + o_v, mask=m_v, other=0.0).to(tl.float32)[None, :] * b_y.to(tl.float32)).to(dt)
+    b_y = (b_w[None, :] * b_y.to(tl.float32)).to(dt)
     if SILU:
         b_g = b_z * tl.sigmoid(b_z)
     else:
@@ -157,15 +159,25 @@ def hc_mix_kernel(hn, up, x, s_hn, s_up, C: tl.constexpr, NG: tl.constexpr, BC: 
 
 
 @triton.jit
-def hc_inject_kernel(s, inj, y, out, s_s, s_y, C: tl.constexpr, NG: tl.constexpr, BC: tl.constexpr):
-    """out[t, i] = s[t, i] + inj[t, i] * y[t] on each of the NG streams."""
+def hc_inject_kernel(s, logits, y, out, s_s, s_y, C: tl.constexpr, NG: tl.constexpr, BN: tl.constexpr,
+                     BC: tl.constexpr):
+    """out[t, i] = s[t, i] + inj[t, i] * y[t] on each of the NG streams, inj = 2 sigmoid(sum_g logits[t, g, i] / NG)
+    (each program finishes the row's NG x NG partial logits itself: 64 bytes from L2)."""
     dt = out.dtype.element_ty
     i_t = tl.program_id(0).to(tl.int64)
     o_c = tl.program_id(1) * BC + tl.arange(0, BC)
     m_c = o_c < C
+    o_n = tl.arange(0, BN)
+    m_n = o_n < NG
+    b_l = tl.sum(tl.load(logits + i_t * NG * NG + o_n[:, None] * NG + o_n[None, :], mask=m_n[:, None] & m_n[None, :],
+                         other=0.0), 0)
+    # the torch code's roundings: F.linear's output, / n, sigmoid (then 2x, exact)
+    b_l = (b_l.to(dt).to(tl.float32) / NG).to(dt).to(tl.float32)
+    b_inj = 2.0 * tl.sigmoid(b_l).to(dt).to(tl.float32)
     b_y = tl.load(y + i_t * s_y + o_c, mask=m_c, other=0.0).to(tl.float32)
     for i in tl.static_range(NG):
-        b_p = (tl.load(inj + i_t * NG + i).to(tl.float32) * b_y).to(dt).to(tl.float32)
+        b_j = tl.sum(tl.where(o_n == i, b_inj, 0.0), 0)
+        b_p = (b_j * b_y).to(dt).to(tl.float32)
         b_s = tl.load(s + i_t * s_s + i * C + o_c, mask=m_c, other=0.0).to(tl.float32)
         tl.store(out + i_t * NG * C + i * C + o_c, (b_s + b_p).to(dt), mask=m_c)
 
@@ -183,16 +195,23 @@ def ple_gate_kernel(
     o_v = tl.arange(0, BC)
     m_c = o_v < C
     o_c = i_g * C + o_v
-    b_k = _rms(tl.load(key + i_t * s_k + o_c, mask=m_c, other=0.0).to(tl.float32), w_key, o_c, m_c, eps, C)
-    b_q = _rms(tl.load(s + i_t * s_s + o_c, mask=m_c, other=0.0).to(tl.float32), w_query, o_c, m_c, eps, C)
+    # every load is issued before the first reduction (a reduction's barrier keeps later loads behind it)
+    b_k = tl.load(key + i_t * s_k + o_c, mask=m_c, other=0.0).to(tl.float32)
+    b_q = tl.load(s + i_t * s_s + o_c, mask=m_c, other=0.0).to(tl.float32)
+    b_v = tl.load(value + i_t * s_v + o_v, mask=m_c, other=0.0).to(tl.float32)
+    b_wk = tl.load(w_key + o_c, mask=m_c, other=0.0)
+    b_wq = tl.load(w_query + o_c, mask=m_c, other=0.0)
+    b_wc = tl.load(w_conv + o_c, mask=m_c, other=0.0)
+    b_k = _rms(b_k, b_wk, eps, C)
+    b_q = _rms(b_q, b_wq, eps, C)
     b_p = (b_k.to(dt).to(tl.float32) * b_q.to(dt).to(tl.float32)).to(dt).to(tl.float32)
     b_g = (tl.sum(b_p, 0).to(dt).to(tl.float32) / sqrt_c).to(dt).to(tl.float32)
     b_a = tl.sqrt(tl.maximum(tl.abs(b_g), 1e-6).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     b_g = tl.where(b_g > 0, b_a, tl.where(b_g < 0, -b_a, 0.0))
     b_sg = tl.sigmoid(b_g).to(dt).to(tl.float32)
-    b_gv = (b_sg * tl.load(value + i_t * s_v + o_v, mask=m_c, other=0.0).to(tl.float32)).to(dt)
+    b_gv = (b_sg * b_v).to(dt)
     tl.store(gv + i_t * NG * C + o_c, b_gv, mask=m_c)
-    tl.store(u + i_t * NG * C + o_c, _rms(b_gv.to(tl.float32), w_conv, o_c, m_c, eps, C).to(dt), mask=m_c)
+    tl.store(u + i_t * NG * C + o_c, _rms(b_gv.to(tl.float32), b_wc, eps, C).to(dt), mask=m_c)
 
 
 def _norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, inject: Tensor | None, eps: float, groups: int):
@@ -200,16 +219,16 @@ def _norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, inject: Tensor | None, e
     G = D // groups
     h = _new((T, D), x.dtype, x.device)
     r = _new((T, D), x.dtype, x.device) if adds else x
-    inj = _new((T, groups), x.dtype, x.device) if inject is not None else None
+    logits = _new((T, groups, groups), torch.float32, x.device) if inject is not None else None
     if T > 0:
         d = (*adds, x, x)[:2]  # unused operands point at x
         BG = triton.next_power_of_2(G)
-        norm_kernel[(T,)](
-            x, d[0], d[1], w, w if inject is None else inject, h, r, h if inj is None else inj,
+        norm_kernel[(T, groups)](
+            x, d[0], d[1], w, w if inject is None else inject, h, r, h if logits is None else logits,
             x.stride(0), d[0].stride(0), d[1].stride(0), eps, D=D, G=G, NG=groups, BG=BG,
             BN=max(2, triton.next_power_of_2(groups)), N_ADD=len(adds), INJECT=inject is not None,
             num_warps=_warps(BG))
-    return h, r, inj
+    return h, r, logits
 
 
 def add_rms_norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, eps: float, group: int) -> tuple[Tensor, Tensor]:
@@ -220,7 +239,7 @@ def add_rms_norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, eps: float, group
 
 def hc_norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, inject: Tensor, eps: float
             ) -> tuple[Tensor, Tensor, Tensor]:
-    """`add_rms_norm` per stream and the inject gates: (hn [T, D], r [T, D], inj [T, n])."""
+    """`add_rms_norm` per stream and the inject logits by stream group: (hn [T, D], r [T, D], logits [T, n, n])."""
     return _norm(x, adds, w, inject, eps, inject.shape[0])
 
 
@@ -274,15 +293,15 @@ def hc_mix(hn: Tensor, up: Tensor, n: int) -> Tensor:
     return x
 
 
-def hc_inject(streams: Tensor, inj: Tensor, y: Tensor) -> Tensor:
-    """streams [T, n*C] + inj [T, n] * y [T, C] per stream -> [T, n*C]."""
-    T, n = inj.shape
+def hc_inject(streams: Tensor, logits: Tensor, y: Tensor) -> Tensor:
+    """streams [T, n*C] + 2 sigmoid(logits.sum(1) / n) [T, n] * y [T, C] per stream -> [T, n*C]."""
+    T, n = logits.shape[:2]
     C = y.shape[1]
     out = _new(tuple(streams.shape), streams.dtype, streams.device)
     if T > 0:
         grid, BC = _streams_grid(T, C)
-        hc_inject_kernel[grid](streams, inj.contiguous(), y, out, streams.stride(0), y.stride(0), C=C, NG=n, BC=BC,
-                               num_warps=TUNING.warps)
+        hc_inject_kernel[grid](streams, logits.contiguous(), y, out, streams.stride(0), y.stride(0), C=C, NG=n,
+                               BN=max(2, triton.next_power_of_2(n)), BC=BC, num_warps=TUNING.warps)
     return out
 
 
