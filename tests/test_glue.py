@@ -11,6 +11,8 @@ The Triton kernels also run on the CPU under the interpreter: test_glue_interpre
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -91,6 +93,21 @@ def test_bad_arguments_raise_before_anything_runs():
         glue.hc_inject(torch.randn(4, 30), torch.randn(4, 4, 4), torch.randn(4, 8))
     with pytest.raises(ValueError, match="logits must be"):
         glue.hc_inject(torch.randn(4, 32), torch.randn(4, 4), torch.randn(4, 8))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles for sm_90: not under the interpreter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_kernels_compile_for_sm90_without_spills(dtype):
+    """Every glue launch at Qwen4-Exp shapes (4 streams of 2560: the widest rows), compiled here as the H200 would
+    (plugins/triton_aot.py): no spilled registers (a spill would put a row's fp32 copy in local memory)."""
+    pytest.importorskip("triton")
+    from gdn_trt.plugins import triton_aot
+    from gdn_trt.plugins.glue import triton as glue_triton
+
+    for name, args in glue_cases(REAL["qwen4-exp"], dtype, "cpu", 0).items():
+        (launch,) = triton_aot.record(glue_triton, lambda: getattr(glue_triton, entry(name))(*args))
+        c = triton_aot.compile_launch(launch)
+        assert c.spill_stack == 0 and c.registers <= 255, f"{name}: {c.row()}"
 
 
 # ---- GPU ----
