@@ -230,7 +230,7 @@ class GdnLayer(nn.Module):
 
     def _hc_sublayer(self, streams: Tensor, adds: tuple[Tensor, ...], hc: _Part, sublayer, fused: bool) -> Tensor:
         """Qwen4-Exp gated residual around one sublayer (reference/ple_hc.md §3.4), after adding `adds` (the PLE
-        output) to the streams. Fused: four kernels (norm with the adds and the inject gates, the low-rank silu,
+        output) to the streams. Fused: four kernels (norm with the adds and the inject logits, the low-rank silu,
         the mix, the inject) around the two low-rank GEMMs."""
         n, C, eps = self.cfg.hc_count, self.cfg.hidden_size, self.cfg.rms_norm_eps
         if fused:
