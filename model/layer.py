@@ -18,6 +18,8 @@ from gdn_trt.plugins.causal_conv1d import op as conv_op
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.gated_delta_rule import op as gdn_op
 from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
+from gdn_trt.plugins.glue import op as glue
+from gdn_trt.plugins.glue.io import PleNorms
 from gdn_trt.plugins.packing import Capture, Packing, compute_dtype
 from gdn_trt.plugins.spec import Activation
 
@@ -111,6 +113,9 @@ class GdnLayer(nn.Module):
             self.norms.register_buffer(name, t.to(dtype) if t is not None else None)
         self.lora_sites = sites(cfg, self.index)
         self._by_proj = {p: [s for s in self.lora_sites.values() if s.proj is p] for p in Proj}
+        # the glue around the kernels (norms, gates, residual adds): None = the fused kernels of plugins/glue on
+        # CUDA and the torch code elsewhere; True / False force one (tests compare the two on one device)
+        self.fused_glue: bool | None = None
 
     # ---- entry points, one per LayerMode ----
     def decode(self, step: StepInput, state: LayerState) -> tuple[StepOutput, LayerState]:
@@ -174,25 +179,43 @@ class GdnLayer(nn.Module):
         return out.hidden()
 
     # ---- computation ----
+    def _fused(self, x: Tensor) -> bool:
+        """Whether this call runs the fused glue kernels (plugins/glue) or the torch code. The torch code is what
+        torch.export (the ONNX graphs) and torch.compile trace, and the CPU reference; the fused kernels compute
+        the same functions with one read of each input. One Qwen3-Next layer on the H200 (2026-12-03,
+        bench/results/2026-12-03-glue.md): decode N = 1 80.4 -> 43.7 us (29 -> 7 kernels), prefill 4096
+        1275 -> 722 us; the Qwen4-Exp PLE layer 250 -> 112 us and 4681 -> 1759 us."""
+        if torch.compiler.is_exporting() or torch.compiler.is_compiling():
+            return False
+        return x.is_cuda if self.fused_glue is None else self.fused_glue
+
     def _forward(self, step: StepInput, io: _Io) -> StepOutput:
-        cfg = self.cfg
+        cfg, fused = self.cfg, self._fused(step.x)
         if not cfg.is_hc:
-            residual = step.x + step.residual
-            y = self._mixer(rms_norm_1p(residual, self.norms.input_norm, cfg.rms_norm_eps), io)
+            h, residual = self._add_norm(step.x, step.residual, self.norms.input_norm, fused)
+            y = self._mixer(h, io, fused)
             if self.mlp is None:
                 return StepOutput(y, residual)
-            residual = residual + y
-            return StepOutput(self._mlp(rms_norm_1p(residual, self.norms.post_norm, cfg.rms_norm_eps), io), residual)
-        streams = step.x
+            h, residual = self._add_norm(residual, y, self.norms.post_norm, fused)
+            return StepOutput(self._mlp(h, io, fused), residual)
+        streams, adds = step.x, ()
         if self.ple is not None:
-            streams = streams + self._ple(streams, step.ple_rows, io)
-        streams = self._hc_sublayer(streams, self.attn_hc, lambda h: self._mixer(h, io))
+            adds = self._ple(streams, step.ple_rows, io, fused)
+        streams = self._hc_sublayer(streams, adds, self.attn_hc, lambda h: self._mixer(h, io, fused), fused)
         if self.mlp is not None:
-            streams = self._hc_sublayer(streams, self.mlp_hc, lambda h: self._mlp(h, io))
+            streams = self._hc_sublayer(streams, (), self.mlp_hc, lambda h: self._mlp(h, io, fused), fused)
         return StepOutput(streams)
 
-    def _mixer(self, h: Tensor, io: _Io) -> Tensor:
-        """GDN token mixer: [T, C] -> [T, C]."""
+    def _add_norm(self, x: Tensor, delta: Tensor, w: Tensor, fused: bool) -> tuple[Tensor, Tensor]:
+        """Plain residual: (RMSNorm(1 + w) of x + delta, x + delta)."""
+        if fused:
+            return glue.add_rms_norm(x, (delta,), w, self.cfg.rms_norm_eps, self.cfg.hidden_size)
+        residual = x + delta
+        return rms_norm_1p(residual, w, self.cfg.rms_norm_eps), residual
+
+    def _mixer(self, h: Tensor, io: _Io, fused: bool) -> Tensor:
+        """GDN token mixer: [T, C] -> [T, C]. q, k, v, z, a, b stay column views of the projection: the conv and
+        GDN kernels and the fused gated norm take their row strides, so the split copies nothing."""
         cfg, m = self.cfg, self.mixer
         T, H, HV = h.shape[0], cfg.linear_num_key_heads, cfg.linear_num_value_heads
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -202,40 +225,58 @@ class GdnLayer(nn.Module):
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)
         o = io.gdn(x)
-        o = gated_rms_norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
+        norm = glue.gated_rms_norm if fused else gated_rms_norm
+        o = norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
         o = o.reshape(T, cfg.value_dim)
         return io.adapt(F.linear(o, m.out_proj), o, self._by_proj[Proj.OUT_PROJ])
 
-    def _mlp(self, h: Tensor, io: _Io) -> Tensor:
-        gate, up = io.adapt(F.linear(h, self.mlp.gate_up), h, self._by_proj[Proj.GATE_UP]).chunk(2, dim=-1)
-        act = F.silu(gate) * up
+    def _mlp(self, h: Tensor, io: _Io, fused: bool) -> Tensor:
+        gate_up = io.adapt(F.linear(h, self.mlp.gate_up), h, self._by_proj[Proj.GATE_UP])
+        if fused:
+            act = glue.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
         return io.adapt(F.linear(act, self.mlp.down), act, self._by_proj[Proj.DOWN])
 
-    def _hc_sublayer(self, streams: Tensor, hc: _Part, sublayer) -> Tensor:
-        """Qwen4-Exp gated residual around one sublayer (docs/math.md#qwen4-exp-gated-residual-hc)."""
-        n, C = self.cfg.hc_count, self.cfg.hidden_size
+    def _hc_sublayer(self, streams: Tensor, adds: tuple[Tensor, ...], hc: _Part, sublayer, fused: bool) -> Tensor:
+        """Qwen4-Exp gated residual around one sublayer (docs/math.md#qwen4-exp-gated-residual-hc), after adding `adds` (the PLE
+        output) to the streams. Fused: four kernels (norm with the adds and the inject logits, the low-rank silu,
+        the mix, the inject) around the two low-rank GEMMs."""
+        n, C, eps = self.cfg.hc_count, self.cfg.hidden_size, self.cfg.rms_norm_eps
+        if fused:
+            hn, streams, logits = glue.hc_norm(streams, adds, hc.norm, hc.inject, eps)
+            x = glue.hc_mix(hn, F.linear(glue.silu_div(F.linear(hn, hc.down), n), hc.up), n)
+            return glue.hc_inject(streams, logits, sublayer(x))
+        if adds:
+            streams = streams + adds[0]
         T = streams.shape[0]
-        hn = rms_norm_1p(streams, hc.norm, self.cfg.rms_norm_eps, group=C)
+        hn = rms_norm_1p(streams, hc.norm, eps, group=C)
         w = torch.sigmoid(F.linear(F.silu(F.linear(hn, hc.down) / n), hc.up)).reshape(T, n, C)
         x = (w * hn.reshape(T, n, C)).mean(dim=1)
         inj = 2 * torch.sigmoid(F.linear(hn, hc.inject) / n)  # [T, n]
         y = sublayer(x)
         return streams + (inj[:, :, None] * y[:, None, :]).reshape(T, n * C)
 
-    def _ple(self, streams: Tensor, rows: Tensor, io: _Io) -> Tensor:
-        """Qwen4-Exp PLE (docs/math.md#qwen4-exp-ple-hashed-n-gram-memory) on gathered rows [T, heads, d_h]: returns
-        the stream delta."""
+    def _ple(self, streams: Tensor, rows: Tensor, io: _Io, fused: bool) -> tuple[Tensor, ...]:
+        """Qwen4-Exp PLE (docs/math.md#qwen4-exp-ple-hashed-n-gram-memory) on gathered rows [T, heads, d_h]: the stream delta, as one
+        tensor (torch code) or as its two terms (gv, conv output), which the fused hc norm adds."""
         cfg, p = self.cfg, self.ple
         n, C, eps = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps
         T = streams.shape[0]
         e = rows.reshape(T, cfg.ple_embed_dim).to(streams.dtype)
+        conv = ConvParams(p.conv, cfg.ple_dilation, Activation.SILU)
+        if fused:
+            gv, u = glue.ple_gate(F.linear(e, p.key_proj), F.linear(e, p.value_proj), streams,
+                                  PleNorms(p.norm_key, p.norm_query, p.norm_conv, eps))
+            return gv, io.conv("ple_conv", u, conv)
         key = rms_norm_1p(F.linear(e, p.key_proj), p.norm_key, eps, group=C).reshape(T, n, C)
         query = rms_norm_1p(streams, p.norm_query, eps, group=C).reshape(T, n, C)
         gate = (key * query).sum(-1, keepdim=True) / C ** 0.5
         gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
         gv = (torch.sigmoid(gate) * F.linear(e, p.value_proj)[:, None, :]).reshape(T, n * C)
         u = rms_norm_1p(gv, p.norm_conv, eps, group=C)
-        return gv + io.conv("ple_conv", u, ConvParams(p.conv, cfg.ple_dilation, Activation.SILU))
+        return (gv + io.conv("ple_conv", u, conv),)
 
     # ---- checks ----
     def _check(self, mode: LayerMode, step: StepInput, state: LayerState, extra) -> None:

@@ -1,0 +1,1 @@
+"""Fused glue of the GDN layer (norms, gates, residual arithmetic): reference, Triton kernels, entry points."""

@@ -1,0 +1,126 @@
+"""Entry points of the fused glue: shape checks, then CPU -> `naive.py`, CUDA -> `triton.py`.
+
+The layer calls these on its fused path (CUDA by default, `GdnLayer.fused_glue`). Unlike the GDN and conv ops they
+are plain functions, not torch.library operators: nothing here is exported (ONNX export and torch.compile trace the
+layer's torch code, which computes the same functions op by op), so an operator schema would buy nothing and its
+dispatch would add host time to each of the ~6 calls per layer and step. The checks read shapes, strides and dtypes
+only (no tensor data: safe under CUDA-graph capture), so a bad call raises before any kernel runs.
+
+Why hand-written kernels and not torch.compile of the layer body (measured on the H200, 2026-12-03,
+bench/results/2026-12-03-glue.md): Inductor's fused glue was no faster (Qwen3-Next prefill 4096: 41.8 us vs 42.4;
+decode N = 1: 6.6 us vs 3.8), and every compiled call copied the pools that the in-place ops mutate (261 us per
+layer for 256 slots, 454 us per decode replay against 43.7), besides a compile per token count.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from torch import Tensor
+
+from .. import library
+from . import naive
+from .io import PleNorms, check_rows, check_same, check_vector
+
+_BACKENDS = library.Backends(naive, "gdn_trt.plugins.glue.triton")
+
+
+def _impl(x: Tensor):
+    return _BACKENDS.for_device(x.device)
+
+
+def _check_adds(x: Tensor, adds: Sequence[Tensor]) -> None:
+    if len(adds) > 2:
+        raise ValueError(f"at most two residual deltas, got {len(adds)}")
+    check_rows("x", x, x.shape[0] if x.dim() else 0)
+    for a in adds:
+        check_rows("residual delta", a, x.shape[0], x.shape[1])
+    check_same(x, *adds)
+
+
+def add_rms_norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, eps: float, group: int) -> tuple[Tensor, Tensor]:
+    """r = x + (adds[0] + adds[1]) and h = RMSNorm(1 + w) of r over groups of `group` channels; x, adds [T, D],
+    w [D]. Returns (h, r) [T, D] (r is x when `adds` is empty)."""
+    _check_adds(x, adds)
+    if group < 1 or x.shape[1] % group:
+        raise ValueError(f"the norm group ({group}) must divide the row width {x.shape[1]}")
+    check_vector("norm weight", w, x.shape[1])
+    return _impl(x).add_rms_norm(x, tuple(adds), w, eps, group)
+
+
+def hc_norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, inject: Tensor, eps: float
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    """The hc sublayer entry: (hn, r) as `add_rms_norm` per stream of C = D / n channels and the inject logits
+    hn inject^T by stream group (naive.hc_norm). x, adds [T, D]; w [D]; inject [n, D].
+    Returns (hn, r, logits [T, n, n] in fp32, or fp64 for fp64 inputs)."""
+    _check_adds(x, adds)
+    if inject.dim() != 2 or inject.shape[1] != x.shape[1] or x.shape[1] % inject.shape[0] or \
+            not inject.is_contiguous():
+        raise ValueError(f"inject must be a contiguous [n, {x.shape[1]}] weight with n dividing {x.shape[1]}, "
+                         f"got {tuple(inject.shape)}")
+    check_vector("hc norm weight", w, x.shape[1])
+    return _impl(x).hc_norm(x, tuple(adds), w, inject, eps)
+
+
+def gated_rms_norm(o: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Tensor:
+    """w * RMSNorm(o) * act(z) per value head; o, z [T, HV, V] (z may be a strided view), w [V]."""
+    if o.dim() != 3 or z.shape != o.shape or z.stride(2) != 1:
+        raise ValueError(f"o and z must be [T, HV, V] (z with unit stride along V), got {tuple(o.shape)}, "
+                         f"{tuple(z.shape)} strides {z.stride()}")
+    if act not in ("silu", "sigmoid"):
+        raise ValueError(f"act must be silu or sigmoid, got {act!r}")
+    check_vector("gated norm weight", w, o.shape[2])
+    check_same(o, z)
+    return _impl(o).gated_rms_norm(o, z, w, eps, act)
+
+
+def silu_mul(gu: Tensor) -> Tensor:
+    """SwiGLU: gu [T, 2I] = [gate | up] -> silu(gate) * up [T, I]."""
+    check_rows("gate_up", gu, gu.shape[0] if gu.dim() else 0)
+    if gu.shape[1] % 2:
+        raise ValueError(f"gate_up must have an even width, got {gu.shape[1]}")
+    return _impl(gu).silu_mul(gu)
+
+
+def silu_div(x: Tensor, n: int) -> Tensor:
+    """silu(x / n), x [T, R]."""
+    check_rows("x", x, x.shape[0] if x.dim() else 0)
+    return _impl(x).silu_div(x, n)
+
+
+def hc_mix(hn: Tensor, up: Tensor, n: int) -> Tensor:
+    """Mean over the n streams of sigmoid(up) * hn: hn, up [T, n*C] -> [T, C]."""
+    check_rows("hn", hn, hn.shape[0] if hn.dim() else 0)
+    check_rows("up", up, hn.shape[0], hn.shape[1])
+    if hn.shape[1] % n:
+        raise ValueError(f"{n} streams do not divide the width {hn.shape[1]}")
+    check_same(hn, up)
+    return _impl(hn).hc_mix(hn, up, n)
+
+
+def hc_inject(streams: Tensor, logits: Tensor, y: Tensor) -> Tensor:
+    """streams [T, n*C] + 2 sigmoid(logits.sum(1) / n) [T, n] * y [T, C] on each stream -> the new streams
+    [T, n*C]; logits [T, n, n] from `hc_norm`."""
+    T = streams.shape[0] if streams.dim() else 0
+    check_rows("y", y, T)
+    n = logits.shape[1] if logits.dim() == 3 else 0
+    if logits.dim() != 3 or tuple(logits.shape) != (T, n, n) or not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be [{T}, n, n] (hc_norm's), got {tuple(logits.shape)}")
+    check_rows("streams", streams, T, n * y.shape[1])
+    check_same(streams, y)
+    return _impl(streams).hc_inject(streams, logits, y)
+
+
+def ple_gate(key: Tensor, value: Tensor, streams: Tensor, norms: PleNorms) -> tuple[Tensor, Tensor]:
+    """The PLE gate (naive.ple_gate): key, streams [T, n*C], value [T, C] -> (gv, u) [T, n*C]."""
+    T = key.shape[0] if key.dim() else 0
+    check_rows("value", value, T)
+    C = value.shape[1]
+    check_rows("key", key, T)
+    if key.shape[1] % C:
+        raise ValueError(f"key width {key.shape[1]} is not a multiple of the value width {C}")
+    check_rows("streams", streams, T, key.shape[1])
+    for name in ("key", "query", "conv"):
+        check_vector(f"PLE norm_{name}", getattr(norms, name), key.shape[1])
+    check_same(key, value, streams)
+    return _impl(key).ple_gate(key, value, streams, norms)
