@@ -68,6 +68,26 @@ else:
         check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 3, 32, 16), F32, "cpu")
         check_chunked(Step((65,), (0,), (64,)), Heads(2, 2, 16, 24), F32, "cpu")
 
+    def test_gdn_chunked_unfused_wu(monkeypatch):
+        # w and u in a second launch from (I + A)^-1 read back (Tuning.fuse_wu off), per-value-head solve programs
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, fuse_wu=False))
+        check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 3, 32, 16), F32, "cpu")
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, fuse_wu=False, solve_share=False))
+        check_chunked(Step((65, 1), (0, 2), (64, 0)), Heads(2, 2, 16, 24), F32, "cpu")
+
+    def test_gdn_chunked_fused_unshared(monkeypatch):
+        # the fused w/u with one program per value head (Tuning.solve_share off), V wider than one BD slice
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, solve_share=False, fuse_bd=16))
+        check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 2, 16, 40), F32, "cpu")
+
     def test_gdn_chunked_many_sequence_tiling(monkeypatch):
         # the state pass's tiling for many sequences (Tuning.state_bv_many), taken here on a one-SM "device":
         # V = 96 in 64-wide tiles, the second half masked
