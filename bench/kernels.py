@@ -28,60 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (RESULTS, copy_bandwidth, device_info, kernel_breakdown, n_sets_for, time_cuda,  # noqa: E402
                     write_results)
 
+import variants  # noqa: E402
+from cases import (CHUNK_FLOP_PER_TOKEN, D_CONV, FLA, HV, STATE_BYTES, W_CONV, DT, H, K, V, fla_chunk,  # noqa: E402
+                   fla_recurrent, gdn_inputs, packing, rel_rms)
+
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri  # noqa: E402
 from gdn_trt.plugins.causal_conv1d.io import ConvParams  # noqa: E402
 from gdn_trt.plugins.gated_delta_rule import naive as gdn_naive  # noqa: E402
 from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri  # noqa: E402
 from gdn_trt.plugins.gated_delta_rule.io import GdnInputs  # noqa: E402
-from gdn_trt.plugins.packing import Capture, Packing  # noqa: E402
-
-H, HV, K, V = 16, 32, 128, 128
-D_CONV, W_CONV = 2 * H * K + HV * V, 4
-STATE_BYTES = HV * K * V * 4  # one sequence's fp32 state, 2 MiB
-DT = torch.bfloat16
-FLA = "FLA 0.6.0"
-# nominal FLOPs per token and value head of the chunked WY algorithm (dense count, C = 64): K K^T, w, u, W S,
-# K^T v_new, Q S, Q K^T, P v_new
-C = 64
-CHUNK_FLOP_PER_TOKEN = HV * (6 * K * V + 6 * C * K + 4 * C * V)
-
-
-def gdn_inputs(T: int, seed: int) -> GdnInputs:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
-    return GdnInputs(r(T, H, K).to(DT), r(T, H, K).to(DT), r(T, HV, V).to(DT), r(T, HV).to(DT), r(T, HV).to(DT),
-                     torch.empty(HV, device="cuda").uniform_(-4, 1, generator=g), r(HV))
-
-
-def packing(lengths: list[int]) -> Packing:
-    return Packing.build(lengths, list(range(len(lengths))), "cuda")
-
-
-def rel_rms(ref: torch.Tensor, got: torch.Tensor) -> float:
-    r, d = ref.double(), got.double() - ref.double()
-    return (d.pow(2).mean().sqrt() / r.pow(2).mean().sqrt()).item()
-
-
-# ---- FLA calls (same inputs, FLA's layouts: [B, T, ...]) ----
-
-def fla_recurrent(x: GdnInputs, B: int, h0: torch.Tensor):
-    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-
-    f = lambda t: t.reshape(B, t.shape[0] // B, *t.shape[1:])  # noqa: E731
-    return fused_recurrent_gated_delta_rule(
-        f(x.q), f(x.k), f(x.v), g=f(x.a), beta=f(x.b), scale=K ** -0.5, initial_state=h0, output_final_state=True,
-        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x.A_log, dt_bias=x.dt_bias,
-        use_beta_sigmoid_in_kernel=True)
-
-
-def fla_chunk(x: GdnInputs, cu: torch.Tensor | None, h0: torch.Tensor):
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    return chunk_gated_delta_rule(
-        x.q[None], x.k[None], x.v[None], g=x.a[None], beta=x.b[None], scale=K ** -0.5, initial_state=h0,
-        output_final_state=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, cu_seqlens=cu,
-        use_gate_in_kernel=True, A_log=x.A_log, dt_bias=x.dt_bias)
-
+from gdn_trt.plugins.packing import Capture  # noqa: E402
 
 # ---- cases ----
 
@@ -200,7 +156,9 @@ class Bench:
         pool = torch.randn(N, HV, K, V, device="cuda") * 0.5
         cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty(N, HV, K, V, device="cuda"))
         case = f"prefill {T}" if N == 1 else f"varlen {N}x{lengths[0]}"
-        runs = [("ours", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, self.gdn))]
+        unfused = replace(self.gdn, fuse_wu=False, solve_share=True)
+        runs = [("ours", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, self.gdn)),
+                ("ours, unfused w/u", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, unfused))]
         if fla:
             cu = pack.cu_seqlens.long() if N > 1 else None
             runs.append((FLA, lambda: fla_chunk(x, cu, pool)))
@@ -348,7 +306,8 @@ COLUMNS = ["section", "case", "impl", "kernel", "time_us", "ours_over_fla", "sta
            "tflops", "mtok_s", "rel_rms_o", "rel_rms_state", "timing"]
 
 
-SECTIONS = ("sweep", "decode", "verify", "prefill", "breakdown", "conv", "accuracy")
+SECTIONS = ("floor", "sweep", "decode", "decode-var", "verify", "prefill", "prefill-var", "breakdown", "conv",
+            "conv-var", "accuracy")
 
 
 def main() -> None:
@@ -356,7 +315,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--sweep", default="rec,chunk", help="parameter groups to sweep: rec, chunk, varlen, conv")
     ap.add_argument("--name", default="kernels", help="results file stem: <date>-<name>.json/.md/.png")
-    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    ap.add_argument("--only", default=",".join(x for x in SECTIONS if x != "sweep"),
+                    help=f"comma-separated subset of {SECTIONS} (default: all but the sweep)")
     args = ap.parse_args()
     only = set(args.only.split(","))
     meta = device_info()
@@ -367,6 +327,8 @@ def main() -> None:
     # a run cut by `timeout` (SIGTERM) still writes what it measured, and says so in the meta
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     try:
+        if "floor" in only:
+            variants.floors(b)
         if "sweep" in only:
             b.sweep(set(args.sweep.split(",")))
         meta["gdn_tuning"] = str(b.gdn)
@@ -374,25 +336,31 @@ def main() -> None:
         if "decode" in only:
             for n in (1, 8, 64, 256):
                 b.recurrent(n, 1, False)
-        if "verify" in only:
-            b.recurrent(64, 4, False)
-            b.recurrent(64, 4, True)
+        if "decode-var" in only:
+            variants.decode_variants(b)
         if "prefill" in only:
             for t in (4096, 16384, 65536):
                 b.chunked([t])
             b.chunked([1024] * 16)
+        if "prefill-var" in only:
+            variants.prefill_variants(b)
+        if "conv" in only:
+            b.conv_prefill([16384])
+            b.conv_prefill([1024] * 16)
+            b.conv_update(256)
+        if "conv-var" in only:
+            variants.conv_variants(b)
         if "accuracy" in only:
             b.accuracy([1] * 8, chunk=False)
             b.accuracy([4] * 64, chunk=False)
             b.accuracy([4096], chunk=True)
             b.accuracy([1024] * 4, chunk=True)  # varlen: the state pass's many-sequence tiling
-        if "breakdown" in only:
-            b.breakdown([16384], fla=True)
-            b.breakdown([1024] * 16, fla=True)
-        if "conv" in only:
-            b.conv_prefill([16384])
-            b.conv_prefill([1024] * 16)
-            b.conv_update(256)
+        if "breakdown" in only:  # FLA's kernels with the prefill section (its first call autotunes for a while)
+            b.breakdown([16384], fla="prefill" in only)
+            b.breakdown([1024] * 16, fla="prefill" in only)
+        if "verify" in only:
+            b.recurrent(64, 4, False)
+            b.recurrent(64, 4, True)
     except SystemExit:
         meta["cut"] = "stopped by SIGTERM (time limit) before the remaining sections"
     paths = write_results(args.name, b.rows, meta, COLUMNS, plot, args.out)
