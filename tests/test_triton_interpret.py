@@ -107,6 +107,19 @@ else:
         check_conv(ConvStep((1, 2, 1), (0, 4, 2)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
                    "cpu", "update")
 
+    def test_conv_update_flat(monkeypatch):
+        # the one-token path moving the windows as one flat run per channel tile (Tuning.update_flat), D not a
+        # multiple of the tile, dilation, both activations, pool and stash
+        from dataclasses import replace
+
+        from gdn_trt.plugins.causal_conv1d import triton as conv_tri
+
+        monkeypatch.setattr(conv_tri, "TUNING", replace(conv_tri.TUNING, update_flat=True, update_bd=16))
+        check_conv(ConvStep((1, 1, 1), (3, -1, 0)), Conv(40), F32, "cpu", "update")
+        check_conv(ConvStep((1, 2, 1), (0, 4, 2)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
+                   "cpu", "update")
+        check_conv(ConvStep((1, 0, 1, 3), (1, 2, -1, 5)), Conv(24, dilation=3), F32, "cpu", "update_stash")
+
     def test_conv_update_stash():
         check_conv(ConvStep((3, 0, 2, 1), (1, 2, -1, 5)), Conv(24, dilation=3), F32, "cpu", "update_stash")
 
