@@ -107,9 +107,7 @@ def conv_variants(b, n: int = 256) -> None:
     fresh = {layout: p[0].clone() for layout, p in pools.items()}  # the timed runs update the pools in place
     pack = packing([1] * n)
     y_ref = conv_tri.launch_update(x, ConvParams(weight, 1, 1), pack, hist[0].clone(), None, b.conv)
-    for flat, bd, w in ((False, 256, 4), (True, 256, 4), (True, 128, 2), (True, 512, 4)):
-        b.conv_update(n, replace(b.conv, update_flat=flat, update_bd=bd, update_warps=w),
-                      f"ours {'flat' if flat else 'tile'} bd{bd} w{w}", fla=False)["section"] = "conv-var"
+    b.conv_update(n, b.conv, "ours (Tuning)", fla=False)["section"] = "conv-var"
     nbytes = 2 * n * D_CONV * 2 + 2 * n * D_CONV * 3 * 2
     for layout, label in ((0, "[S, D, 3]"), (1, "[S, D, 4]"), (2, "[S, 3, D]"), (3, "[S, D, 3] flat")):
         for indirect in (True, False):

@@ -19,7 +19,8 @@ from gdn_trt.plugins import triton_aot
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="compiles for sm_90: meaningless under TRITON_INTERPRET=1")
 
-KERNELS = {"gdn_chunk_intra_kernel", "gdn_chunk_state_kernel", "gdn_chunk_out_kernel", "gdn_recurrent_kernel"}
+KERNELS = {"gdn_chunk_intra_kernel", "gdn_chunk_wu_kernel", "gdn_chunk_state_kernel", "gdn_chunk_out_kernel",
+           "gdn_recurrent_kernel"}
 
 
 # Qwen3-Next (G=2) and Qwen3.5-27B (G=3) heads; fp32 only at G=3, the largest fp32 kernels (CI time: ~20 s each)

@@ -132,21 +132,6 @@ def test_update(conv, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("flat", [False, True], ids=["tile", "flat"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("conv", [GDN_CONV, PLE_CONV, *ODD_CONV], ids=str)
-def test_update_one_token_paths(conv, dtype, flat, monkeypatch):
-    """Both one-token paths (`Tuning.update_flat`), pool and stash, one padding row."""
-    from dataclasses import replace
-
-    tri = _tri()
-    monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, update_flat=flat))
-    slots = tuple(-1 if i == 5 else i for i in range(8))
-    check_conv(Step((1,) * 8, slots), conv, dtype, "cuda", "update")
-    check_conv(Step((1,) * 6, (5, 1, -1, 0, 7, 2)), conv, dtype, "cuda", "update_stash")
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("conv", [GDN_CONV, PLE_CONV, *ODD_CONV], ids=str)
 def test_update_stash(conv, dtype):

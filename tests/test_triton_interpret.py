@@ -51,6 +51,16 @@ else:
     def test_gdn_verify_pool():
         check_recurrent(Step((2, 0, 3), (4, 1, 0)), Heads(2, 1, 8, 16), F32, "cpu", stash=False)
 
+    def test_gdn_recurrent_many_sequence_tiling(monkeypatch):
+        # the recurrent kernel's tile for many sequences (here forced; small steps take the few-sequence tile)
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rec_few_below=0, rec_bv=32))
+        check_recurrent(Step((1, 1, 1), (3, -1, 0)), Heads(2, 2, 16, 48), F32, "cpu", stash=False)
+        check_recurrent(Step((3, 0, 2), (1, 2, 5)), Heads(1, 3, 16, 24), F32, "cpu", stash=True)
+
     def test_gdn_chunked_varlen():
         check_chunked(Step((1, 70, 0), (0, 3, 5), (1, 64, 0)), Heads(1, 2, 16, 32), F32, "cpu")
 
@@ -58,34 +68,26 @@ else:
         check_chunked(Step((65, 9), (-1, 2), (-1, 9)), Heads(1, 3, 32, 16), F32, "cpu")
         check_chunked(Step((66,), (6,), (33,)), Heads(1, 1, 16, 16), F32, "cpu")
 
-    def test_gdn_chunked_shared_solve(monkeypatch):
-        # the solve pass with one program per key head serving its G value heads (Tuning.solve_share)
+    def test_gdn_chunked_per_head_solve(monkeypatch):
+        # the solve pass with one program per value head (Tuning.solve_share off; the default shares k k^T)
         from dataclasses import replace
 
         from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
 
-        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, solve_share=True))
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, solve_share=False))
         check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 3, 32, 16), F32, "cpu")
-        check_chunked(Step((65,), (0,), (64,)), Heads(2, 2, 16, 24), F32, "cpu")
-
-    def test_gdn_chunked_unfused_wu(monkeypatch):
-        # w and u in a second launch from (I + A)^-1 read back (Tuning.fuse_wu off), per-value-head solve programs
-        from dataclasses import replace
-
-        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
-
-        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, fuse_wu=False))
-        check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 3, 32, 16), F32, "cpu")
-        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, fuse_wu=False, solve_share=False))
         check_chunked(Step((65, 1), (0, 2), (64, 0)), Heads(2, 2, 16, 24), F32, "cpu")
 
-    def test_gdn_chunked_fused_unshared(monkeypatch):
-        # the fused w/u with one program per value head (Tuning.solve_share off), V wider than one BD slice
+    def test_gdn_chunked_fused_wu(monkeypatch):
+        # w and u formed in the solve's program (Tuning.fuse_wu), shared and per-head solve, V wider than one BD
+        # slice
         from dataclasses import replace
 
         from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
 
-        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, solve_share=False, fuse_bd=16))
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, fuse_wu=True))
+        check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 3, 32, 16), F32, "cpu")
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, fuse_wu=True, solve_share=False, fuse_bd=16))
         check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 2, 16, 40), F32, "cpu")
 
     def test_gdn_chunked_many_sequence_tiling(monkeypatch):
@@ -106,19 +108,6 @@ else:
         # one-token path with dilation (taps every DIL-th history column) and no activation; two tokens: the loop
         check_conv(ConvStep((1, 2, 1), (0, 4, 2)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
                    "cpu", "update")
-
-    def test_conv_update_flat(monkeypatch):
-        # the one-token path moving the windows as one flat run per channel tile (Tuning.update_flat), D not a
-        # multiple of the tile, dilation, both activations, pool and stash
-        from dataclasses import replace
-
-        from gdn_trt.plugins.causal_conv1d import triton as conv_tri
-
-        monkeypatch.setattr(conv_tri, "TUNING", replace(conv_tri.TUNING, update_flat=True, update_bd=16))
-        check_conv(ConvStep((1, 1, 1), (3, -1, 0)), Conv(40), F32, "cpu", "update")
-        check_conv(ConvStep((1, 2, 1), (0, 4, 2)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
-                   "cpu", "update")
-        check_conv(ConvStep((1, 0, 1, 3), (1, 2, -1, 5)), Conv(24, dilation=3), F32, "cpu", "update_stash")
 
     def test_conv_update_stash():
         check_conv(ConvStep((3, 0, 2, 1), (1, 2, -1, 5)), Conv(24, dilation=3), F32, "cpu", "update_stash")

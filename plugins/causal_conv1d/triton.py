@@ -42,9 +42,6 @@ class Tuning:
 
     update_bd: int = 256  # also the channel tile of the prefill's state launch
     update_warps: int = 4
-    # one token per sequence: move a channel tile's windows as one contiguous run (`one_token_flat`) instead of a
-    # [BD, n] tile of n-wide rows (n = 3: 6-byte rows, no vector access)
-    update_flat: bool = False
     # small tiles, many programs in flight: 16 x 128 on 2 warps took 201 us at T = 16384 against 322 us with the
     # earlier 64 x 128 on 4 warps (the loads of one program are W shifted copies of the same rows)
     chunk_bt: int = 16
@@ -83,47 +80,17 @@ def conv_taps(x_seq, weight, pool_row, o_d, m_d, m, b_i, s_xt, s_wd,
 
 
 @triton.jit
-def one_token_flat(x, weight, y, pool_row, stash, i_d, s_wd, D: tl.constexpr, W: tl.constexpr, DIL: tl.constexpr,
-                   STATE_LEN: tl.constexpr, ACT: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr,
-                   STASH: tl.constexpr):
-    """One token of one sequence on channel tile i_d (x, y at the token's row, stash at its row): the tile's
-    history windows are one contiguous run of BD * n values of the pool row, read and written as such (16-byte
-    accesses; BF = that run's power of two), and the taps and the shifted window are gathered in registers."""
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_d = o_d < D
-    o_f = tl.arange(0, BF)
-    m_f = o_f < tl.minimum(BD, D - i_d * BD) * STATE_LEN
-    b_f = tl.load(pool_row + i_d * BD * STATE_LEN + o_f, mask=m_f, other=0.0)
-    b_x = tl.load(x + o_d, mask=m_d, other=0.0)
-    o_c = tl.arange(0, BD) * STATE_LEN
-    b_y = tl.load(weight + o_d * s_wd + (W - 1), mask=m_d, other=0.0).to(tl.float32) * b_x.to(tl.float32)
-    for j in tl.static_range(0, W - 1):  # tap j reads history column j * DIL
-        b_w = tl.load(weight + o_d * s_wd + j, mask=m_d, other=0.0).to(tl.float32)
-        b_y += b_w * tl.gather(b_f, o_c + j * DIL, 0).to(tl.float32)
-    if ACT == 1:
-        b_y = b_y * tl.sigmoid(b_y)
-    tl.store(y + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
-    # the window after the token: each channel's history shifted by one column, x last
-    b_next = tl.gather(b_f, tl.minimum(o_f + 1, BF - 1), 0)
-    b_xf = tl.gather(b_x, tl.minimum(o_f // STATE_LEN, BD - 1), 0)
-    b_win = tl.where(o_f % STATE_LEN == STATE_LEN - 1, b_xf.to(b_f.dtype), b_next)
-    if STASH:
-        tl.store(stash + i_d * BD * STATE_LEN + o_f, b_win.to(stash.dtype.element_ty), mask=m_f)
-    else:
-        tl.debug_barrier()  # every read of the history row precedes its overwrite
-        tl.store(pool_row + i_d * BD * STATE_LEN + o_f, b_win.to(pool_row.dtype.element_ty), mask=m_f)
-
-
-@triton.jit
 def conv_update_kernel(
     x, weight, y, pool, stash,  # x [T, D] (row stride s_xt); weight [D, W]; y [T, D]; pool [S, D, n]; stash [T, D, n]
-    cu_seqlens, slots, s_xt, s_wd,
+    cu_seqlens, slots, s_xt,
+    S_WD: tl.constexpr,  # the weight's row stride (W when contiguous): a constant, so weight rows are aligned
     D: tl.constexpr, W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr,
-    BD: tl.constexpr, BS: tl.constexpr, STASH: tl.constexpr, FLAT: tl.constexpr, BF: tl.constexpr,
+    BD: tl.constexpr, BS: tl.constexpr, STASH: tl.constexpr,
 ):
     i_d, i_n = tl.program_id(0), tl.program_id(1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    n_t = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
+    b_cu = tl.load(cu_seqlens + i_n)
+    bos = b_cu.to(tl.int64)
+    n_t = tl.load(cu_seqlens + i_n + 1) - b_cu
     slot = tl.load(slots + i_n).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
@@ -138,20 +105,24 @@ def conv_update_kernel(
     m_ds = m_d[:, None] & (o_s < STATE_LEN)[None, :]
     o_ds = o_d[:, None] * STATE_LEN + o_s[None, :]
     stash += bos * D * STATE_LEN
-    if FLAT:
-        if n_t == 1:
-            one_token_flat(x, weight, y, pool_row, stash, i_d, s_wd, D, W, DIL, STATE_LEN, ACT, BD, BF, STASH)
-            return
     if n_t == 1:
         # one token (every decode step): the history row is read once as a [BD, BS] tile and its taps weighted in
         # place, instead of W + n per-column gathers of 6-byte rows (N = 256: 16.2 us, the loop 18.3; FLA 11.1)
         b_hist = tl.load(pool_row + o_ds, mask=m_ds, other=0.0).to(tl.float32)
         b_x = tl.load(x + o_d, mask=m_d, other=0.0).to(tl.float32)
-        # buffer column j * DIL < n is tap j of the token (the last tap, j = W - 1, is x itself)
-        m_tap = m_ds & (o_s % DIL == 0)[None, :]
-        b_wt = tl.load(weight + o_d[:, None] * s_wd + (o_s // DIL)[None, :], mask=m_tap, other=0.0)
-        b_y = tl.sum(b_hist * b_wt.to(tl.float32), 1)
-        b_y += tl.load(weight + o_d * s_wd + (W - 1), mask=m_d, other=0.0).to(tl.float32) * b_x
+        if (DIL == 1) and (BS == W) and (S_WD == W):
+            # the GDN conv (W = 4, n = 3): a weight row is as wide as the padded history tile, so the weights come
+            # as one [BD, W] tile (8-byte rows) and the current token's tap is its last column. The per-column
+            # weight gathers below took the update at N = 256 to 16.5 us; a probe with this tile ran it in 13.1
+            # (bench/probes.py, 2026-12-03-kernels-variants.md)
+            b_w = tl.load(weight + o_d[:, None] * W + o_s[None, :], mask=m_d[:, None], other=0.0).to(tl.float32)
+            b_y = tl.sum(b_hist * b_w, 1) + tl.sum(tl.where((o_s == W - 1)[None, :], b_w, 0.0), 1) * b_x
+        else:
+            # buffer column j * DIL < n is tap j of the token (the last tap, j = W - 1, is x itself)
+            m_tap = m_ds & (o_s % DIL == 0)[None, :]
+            b_wt = tl.load(weight + o_d[:, None] * S_WD + (o_s // DIL)[None, :], mask=m_tap, other=0.0)
+            b_y = tl.sum(b_hist * b_wt.to(tl.float32), 1)
+            b_y += tl.load(weight + o_d * S_WD + (W - 1), mask=m_d, other=0.0).to(tl.float32) * b_x
         if ACT == 1:
             b_y = b_y * tl.sigmoid(b_y)
         tl.store(y + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
@@ -166,7 +137,7 @@ def conv_update_kernel(
             tl.store(pool_row + o_ds, b_win.to(pool.dtype.element_ty), mask=m_ds)
         return
     for i in range(0, n_t):
-        b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, i, s_xt, s_wd, W, DIL, STATE_LEN, ACT)
+        b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, i, s_xt, S_WD, W, DIL, STATE_LEN, ACT)
         tl.store(y + i * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
         if STASH:
             b_win = load_taps(x, pool_row, o_d[:, None], m_ds, (i + 1) + o_s[None, :], s_xt, STATE_LEN)
@@ -288,9 +259,8 @@ def launch_update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor,
     BD = min(tuning.update_bd, triton.next_power_of_2(D))
     conv_update_kernel[(triton.cdiv(D, BD), N)](
         x, conv.weight, y, conv_pool, conv_pool if conv_stash is None else conv_stash, pack.cu_seqlens, pack.slots,
-        x.stride(0), conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len),
-        STASH=conv_stash is not None, FLAT=tuning.update_flat and conv.state_len > 0, BF=triton.next_power_of_2(BD * conv.state_len),
-        num_warps=tuning.update_warps, **_meta(conv))
+        x.stride(0), S_WD=conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len),
+        STASH=conv_stash is not None, num_warps=tuning.update_warps, **_meta(conv))
     return y
 
 

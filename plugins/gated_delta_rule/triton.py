@@ -31,24 +31,28 @@ from .triton_recurrent import gdn_recurrent_kernel
 
 @dataclass(frozen=True)
 class Tuning:
-    """Launch parameters. Defaults: the winners of the sweep in bench/kernels.py on the H200 (decode N=256 for the
-    recurrent kernel, prefill T=16384 for the chunked passes; bench/results/2026-12-02-kernels.md)."""
+    """Launch parameters. Defaults: the winners of the sweeps and variant runs of bench/kernels.py on the H200
+    (bench/results/2026-12-02-kernels.md, 2026-12-03-kernels-variants.md)."""
 
     rec_bv: int = 64  # V-tile of the recurrent kernel: NV = V / rec_bv programs per (sequence, head)
     rec_warps: int = 2
-    # Few sequences (decode at N = 1 has 2 x 32 programs of the tile above on 132 SMs): the kernel is then bound by
-    # the latency of one program, not by bandwidth, so it takes a narrow tile on one warp and 8-16x the programs.
-    # Used while the tile above gives fewer than `rec_few_below` programs (`_rec_tiling`).
-    rec_bv_few: int = 8
+    # Few sequences: at N = 1 the tile above gives 2 x 32 programs on 132 SMs and the step is bound by the latency
+    # of one program, so a 16-wide tile on one warp (8x the programs) takes over while the tile above gives fewer
+    # than `rec_few_below` programs (`_rec_tiling`). Decode at N = 1 / 2 / 4 / 8 / 16: 3.69 / 4.65 / 6.32 / 12.07 /
+    # 21.6 us in 16 x 1, against 5.40 / 5.55 (32 x 2) / 7.29 (32 x 2) / 12.03 / 22.5 (32 x 2); at N = 64, 83.3 us
+    # against 76.4 in 64 x 2 (H200, 2026-12-03-kernels-variants.md).
+    rec_bv_few: int = 16
     rec_warps_few: int = 1
-    rec_few_below: int = 264
+    rec_few_below: int = 2048
     rec_stream: bool = True  # evict-first state loads and streaming stores (swept in bench/kernels.py)
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
-    solve_share: bool = False  # one solve program per key head for its G value heads (k k^T computed once)
+    solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
     # w and u formed in the solve's program from (I + A)^-1 in registers (one launch, T never in memory), BD columns
-    # at a time; without it a second launch reads T back (`gdn_chunk_wu_kernel`, wu_warps)
-    fuse_wu: bool = True
+    # at a time, instead of a second launch that reads T back (`gdn_chunk_wu_kernel`, wu_warps). Off: on the
+    # solve's one warp the w/u half runs at a fraction of the bandwidth of its own 8-warp launch (T = 16384: fused
+    # 1173 us in all, 582 of them in the fused pass; unfused 971 us, solve 174 + w/u 194; H200, 2026-12-03).
+    fuse_wu: bool = False
     fuse_bd: int = 64
     wu_warps: int = 8
     state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
