@@ -47,6 +47,7 @@ class Bench:
         self.rows: list[dict] = []
         self.gdn = gdn_tri.TUNING
         self.conv = conv_tri.TUNING
+        self.peer = True  # False (--no-fla): our rows only
 
     def add(self, section: str, case: str, impl: str, t, **metrics) -> dict:
         row = dict(section=section, case=case, impl=impl, time_us=t.median_us, p10_us=t.p10_s * 1e6,
@@ -74,7 +75,7 @@ class Bench:
         bw = state_bytes / t.median_s
         ours = self.add("recurrent", case, label or "ours", t, state_TBps=bw / 1e12,
                         pct_copy_bw=100 * bw / self.copy_bw)
-        if fla and not stash:
+        if fla and self.peer and not stash:
             tf = time_cuda(lambda i: fla_recurrent(x, N, pools[i % sets]), sets)
             bwf = state_bytes / tf.median_s
             self.ratio(ours, self.add("recurrent", case, FLA, tf, state_TBps=bwf / 1e12,
@@ -93,7 +94,7 @@ class Bench:
         flop = CHUNK_FLOP_PER_TOKEN * T
         ours = self.add("chunked", case, label or "ours", t, tflops=flop / t.median_s / 1e12,
                         mtok_s=T / t.median_s / 1e6)
-        if fla:
+        if fla and self.peer:
             cu = pack.cu_seqlens.long() if N > 1 else None
             tf = time_cuda(lambda i: fla_chunk(x, cu, pools[i % sets]), sets, target_s=10e-3)
             self.ratio(ours, self.add("chunked", case, FLA, tf, tflops=flop / tf.median_s / 1e12,
@@ -117,7 +118,7 @@ class Bench:
         case = f"conv prefill {T}" if N == 1 else f"conv varlen {N}x{lengths[0]}"
         ours = self.add("conv", case, label, t, TBps=nbytes / t.median_s / 1e12,
                         pct_copy_bw=100 * nbytes / t.median_s / self.copy_bw)
-        if not fla:
+        if not (fla and self.peer):
             return ours
         h0 = torch.randn(N, D_CONV, W_CONV, device="cuda").to(DT)
         cu = pack.cu_seqlens.long() if N > 1 else None
@@ -141,7 +142,7 @@ class Bench:
         nbytes = 2 * N * D_CONV * 2 + 2 * N * D_CONV * (W_CONV - 1) * 2
         ours = self.add("conv", f"conv update {N}", label, t, TBps=nbytes / t.median_s / 1e12,
                         pct_copy_bw=100 * nbytes / t.median_s / self.copy_bw)
-        if not fla:
+        if not (fla and self.peer):
             return ours
         tf = time_cuda(lambda i: causal_conv1d_update(x, caches[i % sets], weight=conv.weight, activation="silu"),
                        sets)
@@ -159,7 +160,7 @@ class Bench:
         unfused = replace(self.gdn, fuse_wu=False, solve_share=True)
         runs = [("ours", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, self.gdn)),
                 ("ours, unfused w/u", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, unfused))]
-        if fla:
+        if fla and self.peer:
             cu = pack.cu_seqlens.long() if N > 1 else None
             runs.append((FLA, lambda: fla_chunk(x, cu, pool)))
         for impl, fn in runs:
@@ -180,14 +181,16 @@ class Bench:
         p_ours = pool.clone()
         if chunk:
             o = gdn_tri.chunked(x, pack, p_ours, Capture(no_cap.at, torch.empty_like(pool)))
-            cu = pack.cu_seqlens.long() if N > 1 else None
-            of, hf = fla_chunk(x, cu, pool.clone())
         else:
             o = gdn_tri.recurrent(x, pack, p_ours)
-            B = N if len(set(lengths)) == 1 else None
-            of, hf = fla_recurrent(x, B, pool.clone())
+        impls = [("ours", o, p_ours)]
+        if self.peer:
+            cu = pack.cu_seqlens.long() if N > 1 else None
+            of, hf = (fla_chunk(x, cu, pool.clone()) if chunk else
+                      fla_recurrent(x, N if len(set(lengths)) == 1 else None, pool.clone()))
+            impls.append((FLA, of.reshape(o.shape), hf))
         case = ("prefill " if chunk else "recurrent ") + ("x".join(map(str, (N, lengths[0]))))
-        for impl, oo, hh in (("ours", o, p_ours), (FLA, of.reshape(o.shape), hf)):
+        for impl, oo, hh in impls:
             self.rows.append(dict(section="accuracy", case=case, impl=impl, rel_rms_o=rel_rms(o64, oo),
                                   rel_rms_state=rel_rms(p64, hh)))
             print(f"accuracy  {case:22s} {impl:24s} o {self.rows[-1]['rel_rms_o']:.3e}  "
@@ -315,6 +318,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--sweep", default="rec,chunk", help="parameter groups to sweep: rec, chunk, varlen, conv")
     ap.add_argument("--name", default="kernels", help="results file stem: <date>-<name>.json/.md/.png")
+    ap.add_argument("--no-fla", action="store_true", help="our rows only (FLA's first calls autotune for a while)")
     ap.add_argument("--only", default=",".join(x for x in SECTIONS if x != "sweep"),
                     help=f"comma-separated subset of {SECTIONS} (default: all but the sweep)")
     args = ap.parse_args()
@@ -324,6 +328,7 @@ def main() -> None:
     meta.update({f"copy_{k}": round(v, 3) for k, v in bw.items() if k != "best"})
     print("device", meta, flush=True)
     b = Bench(bw["best"])
+    b.peer = not args.no_fla
     # a run cut by `timeout` (SIGTERM) still writes what it measured, and says so in the meta
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     try:
