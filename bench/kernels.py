@@ -284,6 +284,8 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     timed = [r for r in rows if r["section"] in ("recurrent", "chunked", "conv") and r["impl"] in ("ours", FLA)]
+    if not timed:
+        return variants.plot(rows, path)
     cases = list(dict.fromkeys(r["case"] for r in timed))
     def get(c: str, impl: str) -> float:
         return next((r["time_us"] for r in timed if r["case"] == c and r["impl"] == impl), float("nan"))

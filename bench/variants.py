@@ -124,3 +124,30 @@ def conv_variants(b, n: int = 256) -> None:
                 b.add("conv-var", f"conv update {n}", f"probe {label} {'slots' if indirect else 'direct'} bd{bd} w{w}",
                       t, TBps=nbytes / t.median_s / 1e12, pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw,
                       rel_rms_o=err)
+
+
+def plot(rows: list[dict], path) -> None:
+    """The variant sections: decode share of the copy rate by N and tiling (with the state-only probe), prefill
+    time per variant, conv update time per probe."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 5.5))
+    dec = [r for r in rows if r["section"] == "decode-var"]
+    for impl in dict.fromkeys(r["impl"] for r in dec):
+        pts = sorted((int(r["case"].split()[1].split("x")[0]), r["pct_copy_bw"]) for r in dec if r["impl"] == impl)
+        style = "o-" if impl.startswith("tile") else ("s--" if impl.startswith("state") else "x:")
+        ax1.plot([n for n, _ in pts], [p for _, p in pts], style, label=impl)
+    ax1.set_xscale("log", base=2)
+    ax1.axhline(90, color="k", lw=0.8)
+    ax1.set_xlabel("sequences N (decode, one token each)")
+    ax1.set_ylabel("fp32 state traffic, % of the copy rate")
+    ax1.legend(fontsize=7)
+    for ax, section in ((ax2, "prefill-var"), (ax3, "conv-var")):
+        sel = [r for r in rows if r["section"] == section]
+        ax.barh([f"{r['case']}: {r['impl']}" for r in sel], [r["time_us"] for r in sel])
+        ax.tick_params(axis="y", labelsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("median time per call (us, CUDA-graph replay)")
+    fig.suptitle("GDN and conv kernel variants on the H200 (Qwen3-Next shapes, bf16, fp32 state)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
