@@ -12,8 +12,8 @@ activation dtype) for `gdn_chunk_wu_kernel`, which forms w and u in a second lau
 
 The substitution is a chain of dependent reductions; on one warp they stay inside the warp (4 warps: 2053 us for
 the whole prefill at T = 16384 against 1353 us, H200, 2026-12-02). The stack took the pass from 246 to 174 us at
-T = 16384; `FUSE` lost (1173 us for the prefill against 971: the w/u half on the solve's one warp took 408 us more
-than its own 8-warp launch, 194 us; H200, bench/results/2026-12-03-kernels-variants.md).
+T = 16384; `FUSE` lost (1173 us for the prefill against 971: the w/u half took about 408 us on the solve's one
+warp, 582 - 174, against 194 us in its own 8-warp launch; H200, bench/results/2026-12-03-kernels-variants.md).
 """
 
 from __future__ import annotations
