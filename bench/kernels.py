@@ -28,60 +28,16 @@ import torch
 from common import (RESULTS, copy_bandwidth, device_info, kernel_breakdown, n_sets_for, time_cuda,
                     write_results)
 
+import variants
+from cases import (CHUNK_FLOP_PER_TOKEN, D_CONV, FLA, HV, STATE_BYTES, W_CONV, DT, H, K, V, fla_chunk, fla_recurrent,
+                   gdn_inputs, packing, rel_rms)
+
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.gated_delta_rule import naive as gdn_naive
 from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
 from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
-from gdn_trt.plugins.packing import Capture, Packing
-
-H, HV, K, V = 16, 32, 128, 128
-D_CONV, W_CONV = 2 * H * K + HV * V, 4
-STATE_BYTES = HV * K * V * 4  # one sequence's fp32 state, 2 MiB
-DT = torch.bfloat16
-FLA = "FLA 0.6.0"
-# nominal FLOPs per token and value head of the chunked WY algorithm (dense count, C = 64): K K^T, w, u, W S,
-# K^T v_new, Q S, Q K^T, P v_new
-C = 64
-CHUNK_FLOP_PER_TOKEN = HV * (6 * K * V + 6 * C * K + 4 * C * V)
-
-
-def gdn_inputs(T: int, seed: int) -> GdnInputs:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
-    return GdnInputs(r(T, H, K).to(DT), r(T, H, K).to(DT), r(T, HV, V).to(DT), r(T, HV).to(DT), r(T, HV).to(DT),
-                     torch.empty(HV, device="cuda").uniform_(-4, 1, generator=g), r(HV))
-
-
-def packing(lengths: list[int]) -> Packing:
-    return Packing.build(lengths, list(range(len(lengths))), "cuda")
-
-
-def rel_rms(ref: torch.Tensor, got: torch.Tensor) -> float:
-    r, d = ref.double(), got.double() - ref.double()
-    return (d.pow(2).mean().sqrt() / r.pow(2).mean().sqrt()).item()
-
-
-# ---- FLA calls (same inputs, FLA's layouts: [B, T, ...]) ----
-
-def fla_recurrent(x: GdnInputs, B: int, h0: torch.Tensor):
-    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-
-    f = lambda t: t.reshape(B, t.shape[0] // B, *t.shape[1:])  # noqa: E731
-    return fused_recurrent_gated_delta_rule(
-        f(x.q), f(x.k), f(x.v), g=f(x.a), beta=f(x.b), scale=K ** -0.5, initial_state=h0, output_final_state=True,
-        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x.A_log, dt_bias=x.dt_bias,
-        use_beta_sigmoid_in_kernel=True)
-
-
-def fla_chunk(x: GdnInputs, cu: torch.Tensor | None, h0: torch.Tensor):
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    return chunk_gated_delta_rule(
-        x.q[None], x.k[None], x.v[None], g=x.a[None], beta=x.b[None], scale=K ** -0.5, initial_state=h0,
-        output_final_state=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, cu_seqlens=cu,
-        use_gate_in_kernel=True, A_log=x.A_log, dt_bias=x.dt_bias)
-
+from gdn_trt.plugins.packing import Capture
 
 # ---- cases ----
 
@@ -91,6 +47,7 @@ class Bench:
         self.rows: list[dict] = []
         self.gdn = gdn_tri.TUNING
         self.conv = conv_tri.TUNING
+        self.peer = True  # False (--no-fla): our rows only
 
     def add(self, section: str, case: str, impl: str, t, **metrics) -> dict:
         row = dict(section=section, case=case, impl=impl, time_us=t.median_us, p10_us=t.p10_s * 1e6,
@@ -118,7 +75,7 @@ class Bench:
         bw = state_bytes / t.median_s
         ours = self.add("recurrent", case, label or "ours", t, state_TBps=bw / 1e12,
                         pct_copy_bw=100 * bw / self.copy_bw)
-        if fla and not stash:
+        if fla and self.peer and not stash:
             tf = time_cuda(lambda i: fla_recurrent(x, N, pools[i % sets]), sets)
             bwf = state_bytes / tf.median_s
             self.ratio(ours, self.add("recurrent", case, FLA, tf, state_TBps=bwf / 1e12,
@@ -137,7 +94,7 @@ class Bench:
         flop = CHUNK_FLOP_PER_TOKEN * T
         ours = self.add("chunked", case, label or "ours", t, tflops=flop / t.median_s / 1e12,
                         mtok_s=T / t.median_s / 1e6)
-        if fla:
+        if fla and self.peer:
             cu = pack.cu_seqlens.long() if N > 1 else None
             tf = time_cuda(lambda i: fla_chunk(x, cu, pools[i % sets]), sets, target_s=10e-3)
             self.ratio(ours, self.add("chunked", case, FLA, tf, tflops=flop / tf.median_s / 1e12,
@@ -161,7 +118,7 @@ class Bench:
         case = f"conv prefill {T}" if N == 1 else f"conv varlen {N}x{lengths[0]}"
         ours = self.add("conv", case, label, t, TBps=nbytes / t.median_s / 1e12,
                         pct_copy_bw=100 * nbytes / t.median_s / self.copy_bw)
-        if not fla:
+        if not (fla and self.peer):
             return ours
         h0 = torch.randn(N, D_CONV, W_CONV, device="cuda").to(DT)
         cu = pack.cu_seqlens.long() if N > 1 else None
@@ -185,7 +142,7 @@ class Bench:
         nbytes = 2 * N * D_CONV * 2 + 2 * N * D_CONV * (W_CONV - 1) * 2
         ours = self.add("conv", f"conv update {N}", label, t, TBps=nbytes / t.median_s / 1e12,
                         pct_copy_bw=100 * nbytes / t.median_s / self.copy_bw)
-        if not fla:
+        if not (fla and self.peer):
             return ours
         tf = time_cuda(lambda i: causal_conv1d_update(x, caches[i % sets], weight=conv.weight, activation="silu"),
                        sets)
@@ -200,8 +157,10 @@ class Bench:
         pool = torch.randn(N, HV, K, V, device="cuda") * 0.5
         cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty(N, HV, K, V, device="cuda"))
         case = f"prefill {T}" if N == 1 else f"varlen {N}x{lengths[0]}"
-        runs = [("ours", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, self.gdn))]
-        if fla:
+        unfused = replace(self.gdn, fuse_wu=False, solve_share=True)
+        runs = [("ours", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, self.gdn)),
+                ("ours, unfused w/u", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, unfused))]
+        if fla and self.peer:
             cu = pack.cu_seqlens.long() if N > 1 else None
             runs.append((FLA, lambda: fla_chunk(x, cu, pool)))
         for impl, fn in runs:
@@ -222,14 +181,16 @@ class Bench:
         p_ours = pool.clone()
         if chunk:
             o = gdn_tri.chunked(x, pack, p_ours, Capture(no_cap.at, torch.empty_like(pool)))
-            cu = pack.cu_seqlens.long() if N > 1 else None
-            of, hf = fla_chunk(x, cu, pool.clone())
         else:
             o = gdn_tri.recurrent(x, pack, p_ours)
-            B = N if len(set(lengths)) == 1 else None
-            of, hf = fla_recurrent(x, B, pool.clone())
+        impls = [("ours", o, p_ours)]
+        if self.peer:
+            cu = pack.cu_seqlens.long() if N > 1 else None
+            of, hf = (fla_chunk(x, cu, pool.clone()) if chunk else
+                      fla_recurrent(x, N if len(set(lengths)) == 1 else None, pool.clone()))
+            impls.append((FLA, of.reshape(o.shape), hf))
         case = ("prefill " if chunk else "recurrent ") + ("x".join(map(str, (N, lengths[0]))))
-        for impl, oo, hh in (("ours", o, p_ours), (FLA, of.reshape(o.shape), hf)):
+        for impl, oo, hh in impls:
             self.rows.append(dict(section="accuracy", case=case, impl=impl, rel_rms_o=rel_rms(o64, oo),
                                   rel_rms_state=rel_rms(p64, hh)))
             print(f"accuracy  {case:22s} {impl:24s} o {self.rows[-1]['rel_rms_o']:.3e}  "
@@ -323,6 +284,8 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     timed = [r for r in rows if r["section"] in ("recurrent", "chunked", "conv") and r["impl"] in ("ours", FLA)]
+    if not timed:
+        return variants.plot(rows, path)
     cases = list(dict.fromkeys(r["case"] for r in timed))
     def get(c: str, impl: str) -> float:
         return next((r["time_us"] for r in timed if r["case"] == c and r["impl"] == impl), float("nan"))
@@ -348,7 +311,8 @@ COLUMNS = ["section", "case", "impl", "kernel", "time_us", "ours_over_fla", "sta
            "tflops", "mtok_s", "rel_rms_o", "rel_rms_state", "timing"]
 
 
-SECTIONS = ("sweep", "decode", "verify", "prefill", "breakdown", "conv", "accuracy")
+SECTIONS = ("floor", "sweep", "decode", "decode-var", "verify", "prefill", "prefill-var", "breakdown", "conv",
+            "conv-var", "accuracy")
 
 
 def main() -> None:
@@ -356,7 +320,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--sweep", default="rec,chunk", help="parameter groups to sweep: rec, chunk, varlen, conv")
     ap.add_argument("--name", default="kernels", help="results file stem: <date>-<name>.json/.md/.png")
-    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    ap.add_argument("--no-fla", action="store_true", help="our rows only (FLA's first calls autotune for a while)")
+    ap.add_argument("--only", default=",".join(x for x in SECTIONS if x != "sweep"),
+                    help=f"comma-separated subset of {SECTIONS} (default: all but the sweep)")
     args = ap.parse_args()
     only = set(args.only.split(","))
     meta = device_info()
@@ -364,9 +330,12 @@ def main() -> None:
     meta.update({f"copy_{k}": round(v, 3) for k, v in bw.items() if k != "best"})
     print("device", meta, flush=True)
     b = Bench(bw["best"])
+    b.peer = not args.no_fla
     # a run cut by `timeout` (SIGTERM) still writes what it measured, and says so in the meta
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     try:
+        if "floor" in only:
+            variants.floors(b)
         if "sweep" in only:
             b.sweep(set(args.sweep.split(",")))
         meta["gdn_tuning"] = str(b.gdn)
@@ -374,25 +343,31 @@ def main() -> None:
         if "decode" in only:
             for n in (1, 8, 64, 256):
                 b.recurrent(n, 1, False)
-        if "verify" in only:
-            b.recurrent(64, 4, False)
-            b.recurrent(64, 4, True)
+        if "decode-var" in only:
+            variants.decode_variants(b)
         if "prefill" in only:
             for t in (4096, 16384, 65536):
                 b.chunked([t])
             b.chunked([1024] * 16)
+        if "prefill-var" in only:
+            variants.prefill_variants(b)
+        if "conv" in only:
+            b.conv_prefill([16384])
+            b.conv_prefill([1024] * 16)
+            b.conv_update(256)
+        if "conv-var" in only:
+            variants.conv_variants(b)
         if "accuracy" in only:
             b.accuracy([1] * 8, chunk=False)
             b.accuracy([4] * 64, chunk=False)
             b.accuracy([4096], chunk=True)
             b.accuracy([1024] * 4, chunk=True)  # varlen: the state pass's many-sequence tiling
-        if "breakdown" in only:
-            b.breakdown([16384], fla=True)
-            b.breakdown([1024] * 16, fla=True)
-        if "conv" in only:
-            b.conv_prefill([16384])
-            b.conv_prefill([1024] * 16)
-            b.conv_update(256)
+        if "breakdown" in only:  # FLA's kernels with the prefill section (its first call autotunes for a while)
+            b.breakdown([16384], fla="prefill" in only)
+            b.breakdown([1024] * 16, fla="prefill" in only)
+        if "verify" in only:
+            b.recurrent(64, 4, False)
+            b.recurrent(64, 4, True)
     except SystemExit:
         meta["cut"] = "stopped by SIGTERM (time limit) before the remaining sections"
     paths = write_results(args.name, b.rows, meta, COLUMNS, plot, args.out)

@@ -137,7 +137,7 @@ def compile_launch(launch: Launch) -> Compiled:
 
 def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), lengths=(1000, 65), **tuning):
     """The chunked (prefill) launches of the gated delta rule for one varlen step, its state pass in both tilings
-    (many sequences, single sequence), and the recurrent (decode) launch."""
+    (many sequences, single sequence), and the recurrent (decode) launch in both of its tilings."""
     from dataclasses import replace
 
     import torch
@@ -163,7 +163,9 @@ def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), le
                  if launch.name == "gdn_chunk_state_kernel" and _tiling(launch) not in map(_tiling, launches)]
     ones = Packing(torch.arange(N + 1, dtype=torch.int32), pack.slots)
     x1 = GdnInputs(*(t[:N] for t in (x.q, x.k, x.v, x.a, x.b)), x.A_log, x.dt_bias)
+    # the recurrent kernel in both tilings: few sequences (these N) and many (`Tuning.rec_few_below` lifted)
     launches += record(gdn, lambda: gdn.launch_recurrent(x1, ones, pool, None, tu))
+    launches += record(gdn, lambda: gdn.launch_recurrent(x1, ones, pool, None, replace(tu, rec_few_below=0)))
     return launches
 
 

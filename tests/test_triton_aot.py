@@ -19,7 +19,7 @@ from gdn_trt.plugins import triton_aot
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="compiles for sm_90: meaningless under TRITON_INTERPRET=1")
 
-KERNELS = {"gdn_chunk_solve_kernel", "gdn_chunk_wu_kernel", "gdn_chunk_state_kernel", "gdn_chunk_out_kernel",
+KERNELS = {"gdn_chunk_intra_kernel", "gdn_chunk_wu_kernel", "gdn_chunk_state_kernel", "gdn_chunk_out_kernel",
            "gdn_recurrent_kernel"}
 
 
@@ -32,6 +32,9 @@ def test_default_tuning_fits_sm90(heads, dtype):
     # the state pass in both of its tilings: several sequences (the varlen step) and one alone
     tilings = {(launch.args["BV"], launch.num_stages) for launch in launches if launch.name == "gdn_chunk_state_kernel"}
     assert len(tilings) == 2, tilings
+    # the recurrent kernel in both of its tilings: few sequences and many
+    rec = {(launch.args["BV"], launch.num_warps) for launch in launches if launch.name == "gdn_recurrent_kernel"}
+    assert len(rec) == 2, rec
     for launch in launches:
         c = triton_aot.compile_launch(launch)
         assert c.shared <= triton_aot.SMEM_LIMIT, (

@@ -50,6 +50,16 @@ else:
     def test_gdn_verify_pool():
         check_recurrent(Step((2, 0, 3), (4, 1, 0)), Heads(2, 1, 8, 16), F32, "cpu", stash=False)
 
+    def test_gdn_recurrent_many_sequence_tiling(monkeypatch):
+        # the recurrent kernel's tile for many sequences (here forced; small steps take the few-sequence tile)
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rec_few_below=0, rec_bv=32))
+        check_recurrent(Step((1, 1, 1), (3, -1, 0)), Heads(2, 2, 16, 48), F32, "cpu", stash=False)
+        check_recurrent(Step((3, 0, 2), (1, 2, 5)), Heads(1, 3, 16, 24), F32, "cpu", stash=True)
+
     def test_gdn_chunked_varlen():
         check_chunked(Step((1, 70, 0), (0, 3, 5), (1, 64, 0)), Heads(1, 2, 16, 32), F32, "cpu")
 
@@ -57,15 +67,27 @@ else:
         check_chunked(Step((65, 9), (-1, 2), (-1, 9)), Heads(1, 3, 32, 16), F32, "cpu")
         check_chunked(Step((66,), (6,), (33,)), Heads(1, 1, 16, 16), F32, "cpu")
 
-    def test_gdn_chunked_shared_solve(monkeypatch):
-        # the solve pass with one program per key head serving its G value heads (Tuning.solve_share)
+    def test_gdn_chunked_per_head_solve(monkeypatch):
+        # the solve pass with one program per value head (Tuning.solve_share off; the default shares k k^T)
         from dataclasses import replace
 
         from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
 
-        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, solve_share=True))
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, solve_share=False))
         check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 3, 32, 16), F32, "cpu")
-        check_chunked(Step((65,), (0,), (64,)), Heads(2, 2, 16, 24), F32, "cpu")
+        check_chunked(Step((65, 1), (0, 2), (64, 0)), Heads(2, 2, 16, 24), F32, "cpu")
+
+    def test_gdn_chunked_fused_wu(monkeypatch):
+        # w and u formed in the solve's program (Tuning.fuse_wu), shared and per-head solve, V wider than one BD
+        # slice
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, fuse_wu=True))
+        check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 3, 32, 16), F32, "cpu")
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, fuse_wu=True, solve_share=False, fuse_bd=16))
+        check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 2, 16, 40), F32, "cpu")
 
     def test_gdn_chunked_many_sequence_tiling(monkeypatch):
         # the state pass's tiling for many sequences (Tuning.state_bv_many), taken here on a one-SM "device":

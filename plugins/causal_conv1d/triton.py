@@ -82,13 +82,15 @@ def conv_taps(x_seq, weight, pool_row, o_d, m_d, m, b_i, s_xt, s_wd,
 @triton.jit
 def conv_update_kernel(
     x, weight, y, pool, stash,  # x [T, D] (row stride s_xt); weight [D, W]; y [T, D]; pool [S, D, n]; stash [T, D, n]
-    cu_seqlens, slots, s_xt, s_wd,
+    cu_seqlens, slots, s_xt,
+    S_WD: tl.constexpr,  # the weight's row stride (W when contiguous): a constant, so weight rows are aligned
     D: tl.constexpr, W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr,
     BD: tl.constexpr, BS: tl.constexpr, STASH: tl.constexpr,
 ):
     i_d, i_n = tl.program_id(0), tl.program_id(1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    n_t = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
+    b_cu = tl.load(cu_seqlens + i_n)
+    bos = b_cu.to(tl.int64)
+    n_t = tl.load(cu_seqlens + i_n + 1) - b_cu
     slot = tl.load(slots + i_n).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
@@ -108,11 +110,19 @@ def conv_update_kernel(
         # place, instead of W + n per-column gathers of 6-byte rows (N = 256: 16.2 us, the loop 18.3; FLA 11.1)
         b_hist = tl.load(pool_row + o_ds, mask=m_ds, other=0.0).to(tl.float32)
         b_x = tl.load(x + o_d, mask=m_d, other=0.0).to(tl.float32)
-        # buffer column j * DIL < n is tap j of the token (the last tap, j = W - 1, is x itself)
-        m_tap = m_ds & (o_s % DIL == 0)[None, :]
-        b_wt = tl.load(weight + o_d[:, None] * s_wd + (o_s // DIL)[None, :], mask=m_tap, other=0.0)
-        b_y = tl.sum(b_hist * b_wt.to(tl.float32), 1)
-        b_y += tl.load(weight + o_d * s_wd + (W - 1), mask=m_d, other=0.0).to(tl.float32) * b_x
+        if (DIL == 1) and (BS == W) and (S_WD == W):
+            # the GDN conv (W = 4, n = 3): a weight row is as wide as the padded history tile, so the weights come
+            # as one [BD, W] tile (8-byte rows) and the current token's tap is its last column. The per-column
+            # weight gathers below took the update at N = 256 to 16.5 us; a probe with this tile ran it in 13.1
+            # (bench/probes.py, 2026-12-03-kernels-variants.md)
+            b_w = tl.load(weight + o_d[:, None] * W + o_s[None, :], mask=m_d[:, None], other=0.0).to(tl.float32)
+            b_y = tl.sum(b_hist * b_w, 1) + tl.sum(tl.where((o_s == W - 1)[None, :], b_w, 0.0), 1) * b_x
+        else:
+            # buffer column j * DIL < n is tap j of the token (the last tap, j = W - 1, is x itself)
+            m_tap = m_ds & (o_s % DIL == 0)[None, :]
+            b_wt = tl.load(weight + o_d[:, None] * S_WD + (o_s // DIL)[None, :], mask=m_tap, other=0.0)
+            b_y = tl.sum(b_hist * b_wt.to(tl.float32), 1)
+            b_y += tl.load(weight + o_d * S_WD + (W - 1), mask=m_d, other=0.0).to(tl.float32) * b_x
         if ACT == 1:
             b_y = b_y * tl.sigmoid(b_y)
         tl.store(y + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
@@ -127,7 +137,7 @@ def conv_update_kernel(
             tl.store(pool_row + o_ds, b_win.to(pool.dtype.element_ty), mask=m_ds)
         return
     for i in range(0, n_t):
-        b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, i, s_xt, s_wd, W, DIL, STATE_LEN, ACT)
+        b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, i, s_xt, S_WD, W, DIL, STATE_LEN, ACT)
         tl.store(y + i * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
         if STASH:
             b_win = load_taps(x, pool_row, o_d[:, None], m_ds, (i + 1) + o_s[None, :], s_xt, STATE_LEN)
@@ -249,7 +259,7 @@ def launch_update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor,
     BD = min(tuning.update_bd, triton.next_power_of_2(D))
     conv_update_kernel[(triton.cdiv(D, BD), N)](
         x, conv.weight, y, conv_pool, conv_pool if conv_stash is None else conv_stash, pack.cu_seqlens, pack.slots,
-        x.stride(0), conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len),
+        x.stride(0), S_WD=conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len),
         STASH=conv_stash is not None, num_warps=tuning.update_warps, **_meta(conv))
     return y
 

@@ -1,7 +1,7 @@
 """Triton entry points of the gated delta rule: same names, arguments and semantics as `naive.py`.
 
-`recurrent` / `recurrent_stash` run `triton_recurrent.gdn_recurrent_kernel` (one launch); `chunked` runs the four
-passes of `triton_chunked`. All of them are CUDA-graph safe: they read no tensor data on the host (only shape and
+`recurrent` / `recurrent_stash` run `triton_recurrent.gdn_recurrent_kernel` (one launch); `chunked` runs the
+passes of `triton_intra` (solve, w/u) and `triton_chunked` (state, output). All of them are CUDA-graph safe: they read no tensor data on the host (only shape and
 dtype checks), allocate only buffers sized from shapes, and launch on the current stream. q, k, v, a, b may be
 strided views (column slices of one projection): the kernels take their row and head strides; only a last
 dimension that is not contiguous is copied first (`_unit_stride`, never the case for projection slices).
@@ -24,22 +24,36 @@ from torch import Tensor
 
 from ..packing import Capture, Packing
 from .io import GdnInputs
-from .triton_chunked import (BC, BT, gdn_chunk_out_kernel, gdn_chunk_solve_kernel, gdn_chunk_state_kernel,
-                             gdn_chunk_wu_kernel)
+from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_state_kernel
+from .triton_intra import gdn_chunk_intra_kernel, gdn_chunk_wu_kernel
 from .triton_recurrent import gdn_recurrent_kernel
 
 
 @dataclass(frozen=True)
 class Tuning:
-    """Launch parameters. Defaults: the winners of the sweep in bench/kernels.py on the H200 (decode N=256 for the
-    recurrent kernel, prefill T=16384 for the chunked passes; bench/results/2026-12-02-kernels.md)."""
+    """Launch parameters. Defaults: the winners of the sweeps and variant runs of bench/kernels.py on the H200
+    (bench/results/2026-12-02-kernels.md, 2026-12-03-kernels-variants.md)."""
 
     rec_bv: int = 64  # V-tile of the recurrent kernel: NV = V / rec_bv programs per (sequence, head)
     rec_warps: int = 2
+    # Few sequences: at N = 1 the tile above gives 2 x 32 programs on 132 SMs and the step is bound by the latency
+    # of one program, so a 16-wide tile on one warp (8x the programs) takes over while the tile above gives fewer
+    # than `rec_few_below` programs (`_rec_tiling`). Decode at N = 1 / 2 / 4 / 8 / 16: 3.69 / 4.65 / 6.32 / 12.07 /
+    # 21.6 us in 16 x 1, against 5.40 / 5.55 (32 x 2) / 7.29 (32 x 2) / 12.03 / 22.5 (32 x 2); at N = 64, 83.3 us
+    # against 76.4 in 64 x 2 (H200, 2026-12-03-kernels-variants.md).
+    rec_bv_few: int = 16
+    rec_warps_few: int = 1
+    rec_few_below: int = 2048
     rec_stream: bool = True  # evict-first state loads and streaming stores (swept in bench/kernels.py)
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
+    # w and u formed in the solve's program from (I + A)^-1 in registers (one launch, T never in memory), BD columns
+    # at a time, instead of a second launch that reads T back (`gdn_chunk_wu_kernel`, wu_warps). Off: on the
+    # solve's one warp the w/u half runs at a fraction of the bandwidth of its own 8-warp launch (T = 16384: fused
+    # 1173 us in all, 582 of them in the fused pass; unfused 971 us, solve 174 + w/u 194; H200, 2026-12-03).
+    fuse_wu: bool = False
+    fuse_bd: int = 64
     wu_warps: int = 8
     state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
     state_warps: int = 4
@@ -122,18 +136,26 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
     HV, V = v.shape[1:]
     N = pack.num_seqs
     o = _new((T, HV, V), q.dtype, q.device)
-    BV = min(tuning.rec_bv, triton.next_power_of_2(V))
     if N == 0 or T == 0:
         return o
+    BV, warps = _rec_tiling(tuning, V, HV * N)
     gdn_recurrent_kernel[(triton.cdiv(V, BV), HV, N)](
         q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, ssm_pool if ssm_stash is None else ssm_stash,
         pack.cu_seqlens, pack.slots,
         *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
         H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, STASH=ssm_stash is not None,
         STREAM=tuning.rec_stream,
-        num_warps=tuning.rec_warps,
+        num_warps=warps,
     )
     return o
+
+
+def _rec_tiling(tuning: Tuning, V: int, sequence_heads: int) -> tuple[int, int]:
+    """(V-tile, warps) of the recurrent kernel, whose grid is V-tiles x value heads x sequences (see Tuning)."""
+    bv = min(tuning.rec_bv, triton.next_power_of_2(V))
+    if triton.cdiv(V, bv) * sequence_heads < tuning.rec_few_below:
+        return min(tuning.rec_bv_few, triton.next_power_of_2(V)), tuning.rec_warps_few
+    return bv, tuning.rec_warps
 
 
 H200_SMS = 132
@@ -184,28 +206,30 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
     o = _new((T, HV, V), dt, dev)
     if N == 0:
         return o
-    qn, kn, w = _new((T, H, K), dt, dev), _new((T, H, K), dt, dev), _new((T, HV, K), dt, dev)
-    u, v_new = _new((T, HV, V), dt, dev), _new((T, HV, V), dt, dev)
-    gam, t_inv = _new((T, HV), torch.float32, dev), _new((T, HV, BT), dt, dev)
+    w, u, v_new = _new((T, HV, K), dt, dev), _new((T, HV, V), dt, dev), _new((T, HV, V), dt, dev)
+    gam, rk = _new((T, HV), torch.float32, dev), _new((T, H), torch.float32, dev)
     h = _new((n_chunks, HV, K, V), dt, dev)
     meta = dict(H=H, HV=HV, K=K, BN=BN, BT=BT, PREC=prec)
     seq = (pack.cu_seqlens, pack.slots, capture.at, N)
     if T > 0:
-        gdn_chunk_solve_kernel[(n_chunks, H if tuning.solve_share else HV)](
-            k, a, b, x.A_log, x.dt_bias, t_inv, gam, *seq, *k.stride()[:2], *a.stride(), *b.stride(),
-            BKS=min(tuning.solve_bk, BK), BC=BC, SHARE=tuning.solve_share, num_warps=tuning.solve_warps,
-            **{**meta, "PREC": solve_prec})
-        gdn_chunk_wu_kernel[(n_chunks, HV)](
-            q, k, v, b, t_inv, gam, qn, kn, w, u, *seq, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
-            *b.stride(), K ** -0.5, V=V, BK=BK, BV=_v_tile(64, V),
-            num_warps=tuning.wu_warps, **meta)
+        t_inv = w if tuning.fuse_wu else _new((T, HV, BT), dt, dev)
+        gdn_chunk_intra_kernel[(n_chunks, H if tuning.solve_share else HV)](
+            k, v, a, b, x.A_log, x.dt_bias, rk, gam, w, u, t_inv, *seq, *k.stride()[:2], *v.stride()[:2],
+            *a.stride(), *b.stride(), V=V, BKS=min(tuning.solve_bk, BK), BD=_v_tile(tuning.fuse_bd, max(K, V)),
+            BC=BC, SOLVE_PREC=solve_prec, SHARE=tuning.solve_share, FUSE=tuning.fuse_wu,
+            num_warps=tuning.solve_warps, **meta)
+        if not tuning.fuse_wu:
+            gdn_chunk_wu_kernel[(n_chunks, HV)](
+                k, v, b, t_inv, gam, rk, w, u, *seq, *k.stride()[:2], *v.stride()[:2], *b.stride(), V=V, BK=BK,
+                BV=_v_tile(64, V), num_warps=tuning.wu_warps, **meta)
     meta.update(V=V, BK=BK)
     BVs, stages = _state_tiling(tuning, V, HV * N, dev)
     gdn_chunk_state_kernel[(triton.cdiv(V, BVs), HV, N)](
-        kn, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, BV=BVs, num_warps=tuning.state_warps,
-        num_stages=stages, **meta)
+        k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], BV=BVs,
+        num_warps=tuning.state_warps, num_stages=stages, **meta)
     if T > 0:
         BVo = _v_tile(tuning.out_bv, V)
         gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, H)](
-            qn, kn, gam, h, v_new, o, *seq, BV=BVo, num_warps=tuning.out_warps, **meta)
+            q, k, rk, gam, h, v_new, o, *seq, *q.stride()[:2], *k.stride()[:2], K ** -0.5, BV=BVo,
+            num_warps=tuning.out_warps, **meta)
     return o

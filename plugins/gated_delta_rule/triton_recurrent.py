@@ -21,12 +21,6 @@ def softplus(x):
 
 
 @triton.jit
-def l2norm_rows(b_x, AXIS: tl.constexpr):
-    """x / sqrt(sum x^2 + 1e-6) along AXIS (eps inside the sqrt, as HF and FLA); padded entries must be 0."""
-    return b_x / tl.sqrt(tl.expand_dims(tl.sum(b_x * b_x, AXIS), AXIS) + 1e-6)
-
-
-@triton.jit
 def gdn_recurrent_kernel(
     q, k, v, a, b, A_log, dt_bias,  # q, k [T, H, K]; v [T, HV, V]; a, b [T, HV]: strided views
     o,  # [T, HV, V] contiguous, activation dtype
@@ -82,13 +76,19 @@ def gdn_recurrent_kernel(
         b_v = tl.load(p_v, mask=m_v, other=0.0).to(tl.float32)
         b_g = b_A * softplus(tl.load(p_a).to(tl.float32) + b_dt)
         b_beta = tl.sigmoid(tl.load(p_b).to(tl.float32))
-        b_q = l2norm_rows(b_q, 0) * scale
-        b_k = l2norm_rows(b_k, 0)
-
-        b_h *= tl.exp(b_g)
-        b_v = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))
-        b_h += b_k[:, None] * b_v[None, :]
-        b_o = tl.sum(b_h * b_q[:, None], 0)
+        # every reduction over K reads the raw q, k and the state as loaded, so the five run side by side and the
+        # norms enter afterwards as scalars (the chain from the state load to the stores is one reduction deep):
+        # with e = exp(g), S' = e S + k_n v_new^T, v_new = beta (v - e S^T k_n), o = S'^T q_n
+        #   = e (S^T q) r_q + (k . q) r_k r_q v_new, r_k = 1 / |k|, r_q = scale / |q| (eps inside the sqrt)
+        b_hk = tl.sum(b_h * b_k[:, None], 0)
+        b_hq = tl.sum(b_h * b_q[:, None], 0)
+        b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+        b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
+        b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
+        b_e = tl.exp(b_g)
+        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+        b_h = b_e * b_h + (b_k * b_rk)[:, None] * b_v[None, :]
+        b_o = b_e * b_rq * b_hq + b_kq * b_v
         tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_v)
         if STASH:
             tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)

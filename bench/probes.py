@@ -1,0 +1,147 @@
+"""Probe kernels for bench/kernels.py: variants of our decode kernels that leave one stage out or lay the data out
+differently, timed beside the real kernels to find where their time goes (no hardware counters on the H200 here).
+
+- `empty_kernel`: one program that returns at once: the per-launch floor of a CUDA-graph replay.
+- `copy_kernel`: a flat fp32 copy in Triton (contiguous blocks): the streaming ceiling of a Triton kernel.
+- `rec_copy_kernel`: the decode kernel's state traffic alone: same grid (V-tiles x value heads x sequences), same
+  [K, BV] tile, slot lookup and cache hints, the tile stored back unchanged.
+- `rec_prefetch_kernel`: the decode step (one token per sequence) on a persistent grid that loads the next work
+  item's state tile before it computes and stores the current one, so each program keeps loads in flight through
+  its compute and store phases.
+- `conv_update_kernel`: the conv's one-token update in three pool layouts ([S, D, 3] ours, [S, D, 4] FLA's
+  aligned row, [S, 3, D] one contiguous row per history column), and ours moved as one flat run per channel tile
+  with the taps gathered in registers, each with or without the cu_seqlens / slots lookups.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from gdn_trt.plugins.gated_delta_rule.triton_recurrent import softplus
+
+
+@triton.jit
+def empty_kernel(x):
+    pass
+
+
+@triton.jit
+def copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + o, tl.load(src + o, mask=o < n, eviction_policy="evict_first"), mask=o < n, cache_modifier=".cs")
+
+
+@triton.jit
+def rec_copy_kernel(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(slots + i_n).to(tl.int64)
+    o_h = tl.arange(0, K)[:, None] * V + i_v * BV + tl.arange(0, BV)[None, :]
+    pool += (slot * HV + i_hv) * K * V
+    tl.store(pool + o_h, tl.load(pool + o_h, eviction_policy="evict_first"), cache_modifier=".cs")
+
+
+@triton.jit
+def _rec_item(it, slots, NV: tl.constexpr, HV: tl.constexpr):
+    i_v = it % NV
+    i_hv = (it // NV) % HV
+    i_n = it // (NV * HV)
+    return i_v, i_hv, i_n, tl.load(slots + i_n).to(tl.int64)
+
+
+@triton.jit
+def rec_prefetch_kernel(q, k, v, a, b, A_log, dt_bias, o, pool, slots, n_items, scale,
+                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """Decode, one token per sequence, contiguous q, k [N, H, K], v [N, HV, V], a, b [N, HV]; no padding rows."""
+    pid, nprog = tl.program_id(0), tl.num_programs(0)
+    NV: tl.constexpr = V // BV
+    o_k = tl.arange(0, K)
+    o_hv = o_k[:, None] * V + tl.arange(0, BV)[None, :]
+    i_v, i_hv, i_n, slot = _rec_item(tl.minimum(pid, n_items - 1), slots, NV, HV)
+    b_h = tl.load(pool + (slot * HV + i_hv) * K * V + i_v * BV + o_hv, mask=o_hv < tl.where(pid < n_items, K * V, 0),
+                  other=0.0, eviction_policy="evict_first")
+    for it in range(pid, n_items, nprog):
+        nx = it + nprog
+        j_v, j_hv, j_n, j_slot = _rec_item(tl.minimum(nx, n_items - 1), slots, NV, HV)
+        b_next = tl.load(pool + (j_slot * HV + j_hv) * K * V + j_v * BV + o_hv, mask=o_hv < tl.where(nx < n_items, K * V, 0),
+                         other=0.0, eviction_policy="evict_first")
+        i_h = i_hv // (HV // H)
+        o_v = i_v * BV + tl.arange(0, BV)
+        b_q = tl.load(q + (i_n * H + i_h) * K + o_k).to(tl.float32)
+        b_k = tl.load(k + (i_n * H + i_h) * K + o_k).to(tl.float32)
+        b_v = tl.load(v + (i_n * HV + i_hv) * V + o_v).to(tl.float32)
+        b_g = -tl.exp(tl.load(A_log + i_hv)) * softplus(tl.load(a + i_n * HV + i_hv).to(tl.float32)
+                                                         + tl.load(dt_bias + i_hv))
+        b_beta = tl.sigmoid(tl.load(b + i_n * HV + i_hv).to(tl.float32))
+        b_hk = tl.sum(b_h * b_k[:, None], 0)
+        b_hq = tl.sum(b_h * b_q[:, None], 0)
+        b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+        b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
+        b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
+        b_e = tl.exp(b_g)
+        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+        b_h = b_e * b_h + (b_k * b_rk)[:, None] * b_v[None, :]
+        tl.store(o + (i_n * HV + i_hv) * V + o_v, (b_e * b_rq * b_hq + b_kq * b_v).to(o.dtype.element_ty))
+        tl.store(pool + (slot * HV + i_hv) * K * V + i_v * BV + o_hv, b_h, cache_modifier=".cs")
+        b_h, i_v, i_hv, i_n, slot = b_next, j_v, j_hv, j_n, j_slot
+
+
+@triton.jit
+def conv_update_kernel(x, weight, y, pool, cu_seqlens, slots, D: tl.constexpr, BD: tl.constexpr,
+                       LAYOUT: tl.constexpr, INDIRECT: tl.constexpr):
+    """One token per sequence, W = 4, dilation 1, SiLU; x, y [N, D], weight [D, 4]. LAYOUT 0: pool [S, D, 3]
+    (ours), 1: [S, D, 4] (FLA's cache row), 2: [S, 3, D], 3: [S, D, 3] moved as one flat run per channel tile.
+    INDIRECT: row and token from slots / cu_seqlens."""
+    i_d, i_n = tl.program_id(0), tl.program_id(1)
+    if INDIRECT:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        row = tl.load(slots + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64)
+        row = i_n.to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    o_s = tl.arange(0, 4)
+    b_x = tl.load(x + bos * D + o_d).to(tl.float32)
+    b_w = tl.load(weight + o_d[:, None] * 4 + o_s[None, :]).to(tl.float32)
+    if LAYOUT == 0:
+        p = pool + row * D * 3 + o_d[:, None] * 3 + o_s[None, :]
+        b_hist = tl.load(p, mask=(o_s < 3)[None, :], other=0.0).to(tl.float32)
+        b_y = tl.sum(b_hist * b_w, 1) + tl.sum(tl.where((o_s == 3)[None, :], b_w, 0.0), 1) * b_x
+        b_win = tl.load(p + 1, mask=(o_s < 2)[None, :], other=0.0).to(tl.float32)
+        b_win = tl.where((o_s == 2)[None, :], b_x[:, None], b_win)
+        tl.debug_barrier()
+        tl.store(p, b_win.to(pool.dtype.element_ty), mask=(o_s < 3)[None, :])
+    elif LAYOUT == 1:
+        p = pool + row * D * 4 + o_d[:, None] * 4 + o_s[None, :]
+        b_win = tl.load(p + 1, mask=(o_s < 3)[None, :], other=0.0).to(tl.float32)
+        b_win = tl.where((o_s == 3)[None, :], b_x[:, None], b_win)
+        b_y = tl.sum(b_win * b_w, 1)
+        tl.store(p, b_win.to(pool.dtype.element_ty))
+    elif LAYOUT == 3:
+        # [S, D, 3] read and written as one contiguous run of 3 BD values (16-byte accesses); taps and the shifted
+        # window gathered in registers
+        o_f = tl.arange(0, 4 * BD)
+        p = pool + row * D * 3 + i_d * BD * 3 + o_f
+        b_f = tl.load(p, mask=o_f < 3 * BD, other=0.0)
+        o_c = tl.arange(0, BD) * 3
+        b_y = tl.sum(tl.where((o_s == 3)[None, :], b_w, 0.0), 1) * b_x
+        for j in tl.static_range(3):
+            b_y += tl.sum(tl.where((o_s == j)[None, :], b_w, 0.0), 1) * tl.gather(b_f, o_c + j, 0).to(tl.float32)
+        b_next = tl.gather(b_f, tl.minimum(o_f + 1, 4 * BD - 1), 0)
+        b_xf = tl.gather(b_x.to(pool.dtype.element_ty), tl.minimum(o_f // 3, BD - 1), 0)
+        tl.store(p, tl.where(o_f % 3 == 2, b_xf, b_next), mask=o_f < 3 * BD)
+    else:
+        p = pool + row * 3 * D + o_d
+        b_c0 = tl.load(p).to(tl.float32)
+        b_c1 = tl.load(p + D)
+        b_c2 = tl.load(p + 2 * D)
+        w0 = tl.sum(tl.where((o_s == 0)[None, :], b_w, 0.0), 1)
+        w1 = tl.sum(tl.where((o_s == 1)[None, :], b_w, 0.0), 1)
+        w2 = tl.sum(tl.where((o_s == 2)[None, :], b_w, 0.0), 1)
+        w3 = tl.sum(tl.where((o_s == 3)[None, :], b_w, 0.0), 1)
+        b_y = w0 * b_c0 + w1 * b_c1.to(tl.float32) + w2 * b_c2.to(tl.float32) + w3 * b_x
+        tl.store(p, b_c1)
+        tl.store(p + D, b_c2)
+        tl.store(p + 2 * D, b_x.to(pool.dtype.element_ty))
+    b_y = b_y * tl.sigmoid(b_y)
+    tl.store(y + bos * D + o_d, b_y.to(y.dtype.element_ty))
