@@ -108,7 +108,7 @@ class Bench:
         pack = packing(lengths)
         x = torch.randn(T, D_CONV, device="cuda").to(DT)
         conv = ConvParams(torch.randn(D_CONV, W_CONV, device="cuda").to(DT), 1, 1)
-        pool = torch.randn(N, D_CONV, W_CONV - 1, device="cuda").to(DT)
+        pool = torch.randn(N, W_CONV - 1, D_CONV, device="cuda").to(DT)
         cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty_like(pool))
         sets = n_sets_for(2 * T * D_CONV * 2, cap=8)
         xs = [x] + [torch.randn_like(x) for _ in range(sets - 1)]
@@ -136,7 +136,7 @@ class Bench:
         conv = ConvParams(torch.randn(D_CONV, W_CONV, device="cuda").to(DT), 1, 1)
         sets = n_sets_for(N * D_CONV * W_CONV * 2)
         tuning = tuning or self.conv
-        pools = [torch.randn(N, D_CONV, W_CONV - 1, device="cuda").to(DT) for _ in range(sets)]
+        pools = [torch.randn(N, W_CONV - 1, D_CONV, device="cuda").to(DT) for _ in range(sets)]
         caches = [torch.randn(N, D_CONV, W_CONV, device="cuda").to(DT) for _ in range(sets)]
         t = time_cuda(lambda i: conv_tri.launch_update(x, conv, pack, pools[i % sets], None, tuning), sets)
         nbytes = 2 * N * D_CONV * 2 + 2 * N * D_CONV * (W_CONV - 1) * 2

@@ -94,36 +94,35 @@ def prefill_variants(b) -> None:
             b.chunked(lengths, replace(b.gdn, **change), name, fla=False)["section"] = "prefill-var"
 
 
+# the one-token conv update's Tuning variants, timed beside the default (tests/test_triton_conv.py checks each)
+CONV_UPDATE_VARIANTS = [("weight gathers", dict(update_wtile=False)), ("bd512 w4", dict(update_bd=512, update_warps=4)),
+                        ("bd1024 w8", dict(update_bd=1024, update_warps=8)), ("bd128 w2", dict(update_bd=128, update_warps=2))]
+
+
 def conv_variants(b, n: int = 256) -> None:
-    """The one-token conv update in three pool layouts, with and without the cu_seqlens / slots lookups, each
-    checked against our kernel's output on the same history."""
+    """The one-token conv update in its [S, n, D] pool: the default and each variant, and the probe that measured
+    this layout first (bench/probes.py, layout 2, with the cu_seqlens / slots lookups) on the same history."""
     x = torch.randn(n, D_CONV, device="cuda").to(DT)
     weight = torch.randn(D_CONV, 4, device="cuda").to(DT)
     sets = n_sets_for(n * D_CONV * 4 * 2)
-    hist = [torch.randn(n, D_CONV, 3, device="cuda").to(DT) for _ in range(sets)]
-    pools = {0: hist, 3: hist,
-             1: [torch.cat([torch.zeros_like(h[..., :1]), h], -1).contiguous() for h in hist],
-             2: [h.transpose(1, 2).contiguous() for h in hist]}
-    fresh = {layout: p[0].clone() for layout, p in pools.items()}  # the timed runs update the pools in place
+    hist = [torch.randn(n, 3, D_CONV, device="cuda").to(DT) for _ in range(sets)]
     pack = packing([1] * n)
     y_ref = conv_tri.launch_update(x, ConvParams(weight, 1, 1), pack, hist[0].clone(), None, b.conv)
     b.conv_update(n, b.conv, "ours (Tuning)", fla=False)["section"] = "conv-var"
+    for label, change in CONV_UPDATE_VARIANTS:
+        b.conv_update(n, replace(b.conv, **change), f"ours {label}", fla=False)["section"] = "conv-var"
     nbytes = 2 * n * D_CONV * 2 + 2 * n * D_CONV * 3 * 2
-    for layout, label in ((0, "[S, D, 3]"), (1, "[S, D, 4]"), (2, "[S, 3, D]"), (3, "[S, D, 3] flat")):
-        for indirect in (True, False):
-            for bd, w in ((256, 4), (128, 2)):
-                y = torch.empty_like(x)
+    y = torch.empty_like(x)
 
-                def run(i, pool=None):
-                    probes.conv_update_kernel[(D_CONV // bd, n)](
-                        x, weight, y, pool if pool is not None else pools[layout][i % sets], pack.cu_seqlens,
-                        pack.slots, D=D_CONV, BD=bd, LAYOUT=layout, INDIRECT=indirect, num_warps=w)
-                run(0, fresh[layout].clone())
-                err = rel_rms(y_ref.float(), y.float())
-                t = time_cuda(run, sets)
-                b.add("conv-var", f"conv update {n}", f"probe {label} {'slots' if indirect else 'direct'} bd{bd} w{w}",
-                      t, TBps=nbytes / t.median_s / 1e12, pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw,
-                      rel_rms_o=err)
+    def run(i, pool=None):
+        probes.conv_update_kernel[(D_CONV // 256, n)](
+            x, weight, y, pool if pool is not None else hist[i % sets], pack.cu_seqlens, pack.slots, D=D_CONV, BD=256,
+            LAYOUT=2, INDIRECT=True, num_warps=4)
+    run(0, hist[0].clone())
+    err = rel_rms(y_ref.float(), y.float())
+    t = time_cuda(run, sets)
+    b.add("conv-var", f"conv update {n}", "probe [S, 3, D] slots bd256 w4", t, TBps=nbytes / t.median_s / 1e12,
+          pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw, rel_rms_o=err)
 
 
 def plot(rows: list[dict], path) -> None:

@@ -179,12 +179,12 @@ def conv_launches(dtype, dim: int = 8192, width: int = 4, seqs: int = 256):
     from .packing import Capture, Packing
 
     params = ConvParams(torch.zeros(dim, width, dtype=dtype), 1, 1)
-    pool = torch.zeros(seqs, dim, width - 1, dtype=dtype)
+    pool = torch.zeros(seqs, *params.state_shape(), dtype=dtype)
     ones = Packing(torch.arange(seqs + 1, dtype=torch.int32), torch.arange(seqs, dtype=torch.int32))
     launches = record(conv, lambda: conv.launch_update(torch.zeros(seqs, dim, dtype=dtype), params, ones, pool, None,
                                                        conv.TUNING))
     pack = Packing(torch.tensor([0, 1000, 1065], dtype=torch.int32), torch.arange(2, dtype=torch.int32))
-    cap = Capture(torch.full((2,), -1, dtype=torch.int32), torch.zeros(2, dim, width - 1, dtype=dtype))
+    cap = Capture(torch.full((2,), -1, dtype=torch.int32), torch.zeros(2, *params.state_shape(), dtype=dtype))
     x = torch.zeros(1065, dim, dtype=dtype)
     return launches + record(conv, lambda: conv.launch_prefill(x, params, pack, pool, cap, conv.TUNING))
 

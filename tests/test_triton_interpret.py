@@ -108,6 +108,16 @@ else:
         check_conv(Step((1, 2, 1), (0, 4, 2)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
                    "cpu", "update")
 
+    def test_conv_update_weight_gathers(monkeypatch):
+        # the one-token update with the weights as per-tap strided loads (Tuning.update_wtile off), a bench variant
+        from dataclasses import replace
+
+        from gdn_trt.plugins.causal_conv1d import triton as conv_tri
+
+        monkeypatch.setattr(conv_tri, "TUNING", replace(conv_tri.TUNING, update_wtile=False, update_bd=16))
+        check_conv(Step((1, 1, 1), (3, -1, 0)), Conv(40), F32, "cpu", "update")
+        check_conv(Step((1, 2, 1), (0, 4, 2)), Conv(40), F32, "cpu", "update_stash")
+
     def test_conv_update_stash():
         check_conv(Step((3, 0, 2, 1), (1, 2, -1, 5)), Conv(24, dilation=3), F32, "cpu", "update_stash")
 
