@@ -89,6 +89,37 @@ else:
         monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, fuse_wu=True, solve_share=False, fuse_bd=16))
         check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 2, 16, 40), F32, "cpu")
 
+    def test_gdn_chunked_rq_first(monkeypatch):
+        # 1 / |q| from pass 1, loaded by the output pass (Tuning.rq_first), shared and per-head solve
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rq_first=True))
+        check_chunked(Step((70, 3, 0), (1, 0, 2), (-1, 2, 0)), Heads(1, 3, 48, 16), F32, "cpu")
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rq_first=True, solve_share=False))
+        check_chunked(Step((65, 1), (0, 2), (64, 0)), Heads(2, 2, 16, 24), F32, "cpu")
+
+    def test_gdn_chunked_wu_loop(monkeypatch):
+        # the w/u pass over runtime K and V slices (Tuning.wu_stages > 0), K and V wider than one 64-wide slice
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, wu_stages=2))
+        check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 2, 80, 72), F32, "cpu")
+
+    def test_gdn_chunked_state_halves(monkeypatch):
+        # the state pass with the state as two 64-row halves (Tuning.state_kb): K = 96 (second half masked) and
+        # K = 16, captures inside and at the ends
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, state_kb=True))
+        check_chunked(Step((70, 3, 65), (1, 0, 2), (-1, 2, 64)), Heads(1, 2, 96, 24), F32, "cpu")
+        check_chunked(Step((66,), (6,), (33,)), Heads(1, 1, 16, 16), F32, "cpu")
+
     def test_gdn_chunked_many_sequence_tiling(monkeypatch):
         # the state pass's tiling for many sequences (Tuning.state_bv_many), taken here on a one-SM "device":
         # V = 96 in 64-wide tiles, the second half masked
