@@ -60,6 +60,17 @@ else:
         check_recurrent(Step((1, 1, 1), (3, -1, 0)), Heads(2, 2, 16, 48), F32, "cpu", stash=False)
         check_recurrent(Step((3, 0, 2), (1, 2, 5)), Heads(1, 3, 16, 24), F32, "cpu", stash=True)
 
+    def test_gdn_recurrent_subtiles(monkeypatch):
+        # the many-sequence tile as sub-tiles (Tuning.rec_sub): one-token sequences take the pipelined loop, longer
+        # ones the sub-tile loop; V = 48 in 32-wide tiles of 16-wide sub-tiles (the last masked)
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rec_few_below=0, rec_bv=32, rec_sub=16))
+        check_recurrent(Step((1, 1, 3, 1), (3, -1, 0, 2)), Heads(2, 2, 16, 48), F32, "cpu", stash=False)
+        check_recurrent(Step((3, 0, 1, 2), (1, 2, 5, -1)), Heads(1, 3, 16, 48), F32, "cpu", stash=True)
+
     def test_gdn_chunked_varlen():
         check_chunked(Step((1, 70, 0), (0, 3, 5), (1, 64, 0)), Heads(1, 2, 16, 32), F32, "cpu")
 

@@ -45,6 +45,14 @@ class Tuning:
     rec_warps_few: int = 1
     rec_few_below: int = 2048
     rec_stream: bool = True  # evict-first state loads and streaming stores (swept in bench/kernels.py)
+    # Many sequences: > 0 runs a program's rec_bv columns as sub-tiles of this width, and a one-token sequence's
+    # sub-tiles in a loop that Triton software-pipelines over `rec_sub_stages` (the next sub-tiles' state loads go
+    # to shared memory by cp.async while the current one is reduced, updated and stored). At N = 64 / 256 the
+    # 64 x 2 tile reached 82.7 / 88.7 % of the copy rate where the same grid moving only the state reached 93.9 /
+    # 96.6 %: the step's compute between a tile's load and its store holds the program's registers with no load in
+    # flight (H200, 2026-12-03-kernels-variants.md). 0: one tile. Not yet timed.
+    rec_sub: int = 0
+    rec_sub_stages: int = 3
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -151,12 +159,13 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
     if N == 0 or T == 0:
         return o
     BV, warps = _rec_tiling(tuning, V, HV * N)
+    sub = tuning.rec_sub if 0 < tuning.rec_sub < BV else 0
     gdn_recurrent_kernel[(triton.cdiv(V, BV), HV, N)](
         q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, ssm_pool if ssm_stash is None else ssm_stash,
         pack.cu_seqlens, pack.slots,
         *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
         H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, STASH=ssm_stash is not None,
-        STREAM=tuning.rec_stream,
+        STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages,
         num_warps=warps,
     )
     return o
