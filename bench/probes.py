@@ -5,12 +5,12 @@ differently, timed beside the real kernels to find where their time goes (no har
 - `copy_kernel`: a flat fp32 copy in Triton (contiguous blocks): the streaming ceiling of a Triton kernel.
 - `rec_copy_kernel`: the decode kernel's state traffic alone: same grid (V-tiles x value heads x sequences), same
   [K, BV] tile, slot lookup and cache hints, the tile stored back unchanged.
-- `rec_prefetch_kernel`: the decode step (one token per sequence) on a persistent grid that loads the next work
-  item's state tile before it computes and stores the current one, so each program keeps loads in flight through
-  its compute and store phases.
 - `conv_update_kernel`: the conv's one-token update in three pool layouts ([S, D, 3] ours, [S, D, 4] FLA's
   aligned row, [S, 3, D] one contiguous row per history column), and ours moved as one flat run per channel tile
-  with the taps gathered in registers, each with or without the cu_seqlens / slots lookups.
+  with the taps gathered in registers, each with or without the cu_seqlens / slots lookups. Layout 2 is the
+  conv pool's layout since round 2; bench/variants.py runs that one beside the production kernel.
+
+The persistent prefetching decode probe of 2026-12-03-kernels-variants.md is at commit 95c6842.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gdn_trt.plugins.gated_delta_rule.triton_recurrent import softplus
 
 
 @triton.jit
@@ -39,51 +38,6 @@ def rec_copy_kernel(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.conste
     o_h = tl.arange(0, K)[:, None] * V + i_v * BV + tl.arange(0, BV)[None, :]
     pool += (slot * HV + i_hv) * K * V
     tl.store(pool + o_h, tl.load(pool + o_h, eviction_policy="evict_first"), cache_modifier=".cs")
-
-
-@triton.jit
-def _rec_item(it, slots, NV: tl.constexpr, HV: tl.constexpr):
-    i_v = it % NV
-    i_hv = (it // NV) % HV
-    i_n = it // (NV * HV)
-    return i_v, i_hv, i_n, tl.load(slots + i_n).to(tl.int64)
-
-
-@triton.jit
-def rec_prefetch_kernel(q, k, v, a, b, A_log, dt_bias, o, pool, slots, n_items, scale,
-                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    """Decode, one token per sequence, contiguous q, k [N, H, K], v [N, HV, V], a, b [N, HV]; no padding rows."""
-    pid, nprog = tl.program_id(0), tl.num_programs(0)
-    NV: tl.constexpr = V // BV
-    o_k = tl.arange(0, K)
-    o_hv = o_k[:, None] * V + tl.arange(0, BV)[None, :]
-    i_v, i_hv, i_n, slot = _rec_item(tl.minimum(pid, n_items - 1), slots, NV, HV)
-    b_h = tl.load(pool + (slot * HV + i_hv) * K * V + i_v * BV + o_hv, mask=o_hv < tl.where(pid < n_items, K * V, 0),
-                  other=0.0, eviction_policy="evict_first")
-    for it in range(pid, n_items, nprog):
-        nx = it + nprog
-        j_v, j_hv, j_n, j_slot = _rec_item(tl.minimum(nx, n_items - 1), slots, NV, HV)
-        b_next = tl.load(pool + (j_slot * HV + j_hv) * K * V + j_v * BV + o_hv, mask=o_hv < tl.where(nx < n_items, K * V, 0),
-                         other=0.0, eviction_policy="evict_first")
-        i_h = i_hv // (HV // H)
-        o_v = i_v * BV + tl.arange(0, BV)
-        b_q = tl.load(q + (i_n * H + i_h) * K + o_k).to(tl.float32)
-        b_k = tl.load(k + (i_n * H + i_h) * K + o_k).to(tl.float32)
-        b_v = tl.load(v + (i_n * HV + i_hv) * V + o_v).to(tl.float32)
-        b_g = -tl.exp(tl.load(A_log + i_hv)) * softplus(tl.load(a + i_n * HV + i_hv).to(tl.float32)
-                                                         + tl.load(dt_bias + i_hv))
-        b_beta = tl.sigmoid(tl.load(b + i_n * HV + i_hv).to(tl.float32))
-        b_hk = tl.sum(b_h * b_k[:, None], 0)
-        b_hq = tl.sum(b_h * b_q[:, None], 0)
-        b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-        b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
-        b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
-        b_e = tl.exp(b_g)
-        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
-        b_h = b_e * b_h + (b_k * b_rk)[:, None] * b_v[None, :]
-        tl.store(o + (i_n * HV + i_hv) * V + o_v, (b_e * b_rq * b_hq + b_kq * b_v).to(o.dtype.element_ty))
-        tl.store(pool + (slot * HV + i_hv) * K * V + i_v * BV + o_hv, b_h, cache_modifier=".cs")
-        b_h, i_v, i_hv, i_n, slot = b_next, j_v, j_hv, j_n, j_slot
 
 
 @triton.jit

@@ -1,10 +1,12 @@
 """Variant and probe measurements of bench/kernels.py (`--only floor,decode-var,prefill-var,conv-var`).
 
 Each function adds rows to a `kernels.Bench` (section = the group's name): the launch floor and a Triton copy
-(the ceilings), the decode kernel in each tiling at N = 1 .. 256 beside its state traffic alone and a persistent
-prefetching version, the chunked prefill with its first pass fused or not, and the conv update in three pool
-layouts with and without the slot lookup (probes.py). The variants are compared with the kernels as committed
-(`Tuning`), whose rows the headline sections add.
+(the ceilings); the decode kernel's default tilings beside its sub-tile variants (`Tuning.rec_sub`) at N = 64 and
+256, with the state traffic alone in the default grid as the ceiling; the chunked prefill's `Tuning` variants
+(`rq_first`, `wu_stages`, `state_kb`) at T = 16384 and varlen 16 x 1024, and its solve launch alone on one
+sequence and on 16 (with and without the empty chunk slots of the grid); the conv update's variants. `summary`
+prints, per case, the default, the fastest variant and FLA's time, which the defaults are switched from. Every
+variant run here is checked against float64 by the GPU tests (tests/test_triton_gdn.py, test_triton_conv.py).
 """
 
 from __future__ import annotations
@@ -14,16 +16,13 @@ from dataclasses import replace
 import probes
 import torch
 import triton
-from cases import HV, STATE_BYTES, H, K, V, D_CONV, DT, gdn_inputs, packing, rel_rms
+from cases import FLA, HV, STATE_BYTES, H, K, V, D_CONV, DT, gdn_inputs, packing, rel_rms
 from common import n_sets_for, time_cuda
 
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
-
-
-def _sm() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count
+from gdn_trt.plugins.packing import Capture
 
 
 def floors(b) -> None:
@@ -38,53 +37,37 @@ def floors(b) -> None:
           pct_copy_bw=100 * 8 * n / t.median_s / b.copy_bw)
 
 
+# the decode kernel's sub-tile variants (tests/test_triton_gdn.py REC_VARIANTS checks each)
+DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),
+                   ("sub bv128 w4 sub32 s3", dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_sub_stages=3)),
+                   ("sub bv64 w2 sub16 s3", dict(rec_bv=64, rec_warps=2, rec_sub=16, rec_sub_stages=3)),
+                   ("sub bv128 w4 sub16 s4", dict(rec_bv=128, rec_warps=4, rec_sub=16, rec_sub_stages=4))]
+
+
 def decode_variants(b) -> None:
-    """Every tiling at every N (the few/many switch of `_rec_tiling` is chosen from these rows), then at N = 64 and
-    256 the state traffic alone in the same tiling and the persistent prefetching kernel."""
-    few, some, many = [(8, 1), (16, 1), (16, 2), (32, 2), (64, 2)], [(8, 1), (16, 1), (32, 2)], \
-        [(16, 1), (32, 1), (32, 2), (64, 2), (64, 4)]
-    for n, tilings in ((1, few), (2, some), (4, some), (8, few), (16, some), (64, many), (256, many)):
-        for bv, w in tilings:
-            tu = replace(b.gdn, rec_bv=bv, rec_warps=w, rec_few_below=0)
-            b.recurrent(n, 1, False, tu, f"tile bv{bv} w{w}", fla=False)["section"] = "decode-var"
+    """At N = 64 and 256: the many-sequence tile and its sub-tile variants (one token per sequence), then the same
+    default grid moving only the state (the ceiling the step's compute is measured against)."""
     for n in (64, 256):
+        for label, change in DECODE_VARIANTS:
+            tu = replace(b.gdn, rec_few_below=0, **change)
+            b.recurrent(n, 1, False, tu, label, fla=False)["section"] = "decode-var"
         sets = n_sets_for(n * STATE_BYTES)
         pools = [torch.randn(n, HV, K, V, device="cuda") for _ in range(sets)]
         slots = torch.arange(n, dtype=torch.int32, device="cuda")
         nbytes = 2 * n * STATE_BYTES
-        for bv, w in ((32, 2), (64, 2)):
-            t = time_cuda(lambda i: probes.rec_copy_kernel[(V // bv, HV, n)](pools[i % sets], slots, HV=HV, K=K, V=V,
-                                                                             BV=bv, num_warps=w), sets)
-            b.add("decode-var", f"decode {n}x1", f"state copy only bv{bv} w{w}", t, state_TBps=nbytes / t.median_s / 1e12,
-                  pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw)
-        x = gdn_inputs(n, 1)
-        pool0 = pools[0].clone()  # the timed runs below update pools[0] in place
-        ref_pool = pool0.clone()
-        o_ref = gdn_tri.launch_recurrent(x, packing([1] * n), ref_pool, None, b.gdn)
-        # 210-212 registers per thread (sm_90 compile on the CPU): at most 9 (16 x 1 warp) or 4 (32 x 2 warps) per SM
-        for bv, w, per_sm in ((16, 1, 4), (16, 1, 8), (32, 2, 2), (32, 2, 4)):
-            items = (V // bv) * HV * n
-            grid = (min(items, per_sm * _sm()),)
-            o = torch.empty(n, HV, V, dtype=DT, device="cuda")
-
-            def run(i, pool=None):
-                probes.rec_prefetch_kernel[grid](x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, o,
-                                                 pool if pool is not None else pools[i % sets], slots, items,
-                                                 K ** -0.5, H=H, HV=HV, K=K, V=V, BV=bv, num_warps=w)
-            p = pool0.clone()
-            run(0, p)
-            err_o, err_s = rel_rms(o_ref.float(), o.float()), rel_rms(ref_pool, p)
-            t = time_cuda(run, sets)
-            b.add("decode-var", f"decode {n}x1", f"prefetch bv{bv} w{w} {per_sm}/SM", t,
-                  state_TBps=nbytes / t.median_s / 1e12, pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw,
-                  rel_rms_o=err_o, rel_rms_state=err_s)
+        t = time_cuda(lambda i: probes.rec_copy_kernel[(V // 64, HV, n)](pools[i % sets], slots, HV=HV, K=K, V=V,
+                                                                         BV=64, num_warps=2), sets)
+        b.add("decode-var", f"decode {n}x1", "state copy only bv64 w2", t, state_TBps=nbytes / t.median_s / 1e12,
+              pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw)
 
 
+# the chunked prefill's Tuning variants (tests/test_triton_gdn.py CHUNK_VARIANTS checks each)
 PREFILL_VARIANTS = [
-    ("fused, per-head solve (Tuning)", dict()),
-    ("unfused w/u, shared solve (2 launches)", dict(fuse_wu=False, solve_share=True)),
-    ("fused, shared solve", dict(solve_share=True)),
-    ("fused, 2 warps", dict(solve_warps=2)),
+    ("Tuning", dict()),
+    ("rq_first", dict(rq_first=True)),
+    ("wu_stages=2", dict(wu_stages=2)),
+    ("state_kb", dict(state_kb=True)),
+    ("rq_first + wu_stages=3 + state_kb", dict(rq_first=True, wu_stages=3, state_kb=True)),
 ]
 
 
@@ -92,6 +75,30 @@ def prefill_variants(b) -> None:
     for lengths in ([16384], [1024] * 16):
         for name, change in PREFILL_VARIANTS:
             b.chunked(lengths, replace(b.gdn, **change), name, fla=False)["section"] = "prefill-var"
+    solve_probe(b)
+
+
+def solve_probe(b) -> None:
+    """The first (solve) launch of the chunked op alone, to find why it took 210 us on 16 x 1024 tokens against 174
+    on one sequence of 16384 (2026-12-03-kernels-variants.md; compiled for sm_90 the two have the same code, 4048
+    and 4072 instructions): on one sequence, on 16, on 16 with a grid of exactly the 256 chunks (launch_chunked
+    sizes it T/64 + 2N from shapes: 32 empty chunk slots per head), and one sequence passed as two (the second
+    empty: N = 1 is specialised to a constant by Triton, N = 2 is not)."""
+    from gdn_trt.plugins import triton_aot  # records the launches of one call without running them
+
+    for label, lengths, exact in (("1 x 16384", [16384], False), ("16 x 1024", [1024] * 16, False),
+                                  ("16 x 1024, exact grid", [1024] * 16, True), ("16384 + 0", [16384, 0], False)):
+        T, N = sum(lengths), len(lengths)
+        x, pack = gdn_inputs(T, 2), packing(lengths)
+        pool = torch.randn(N, HV, K, V, device="cuda") * 0.5
+        cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty(N, HV, K, V, device="cuda"))
+        launch = next(rec for rec in triton_aot.record(gdn_tri, lambda: gdn_tri.launch_chunked(x, pack, pool, cap, b.gdn))
+                      if rec.name == "gdn_chunk_intra_kernel")
+        chunks = sum(triton.cdiv(n, 64) for n in lengths) if exact else triton.cdiv(T, 64) + 2 * N
+        grid = (chunks, H if b.gdn.solve_share else HV)
+        t = time_cuda(lambda i: launch.fn[grid](**launch.args, num_warps=launch.num_warps,
+                                                num_stages=launch.num_stages))
+        b.add("prefill-var", f"solve {label}", f"intra launch alone, grid {grid[0]} x {grid[1]}", t)
 
 
 # the one-token conv update's Tuning variants, timed beside the default (tests/test_triton_conv.py checks each)
@@ -123,6 +130,36 @@ def conv_variants(b, n: int = 256) -> None:
     t = time_cuda(run, sets)
     b.add("conv-var", f"conv update {n}", "probe [S, 3, D] slots bd256 w4", t, TBps=nbytes / t.median_s / 1e12,
           pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw, rel_rms_o=err)
+
+
+# issue 18's cases: (case as the rows name it, the variant section that times alternatives to the default)
+SUMMARY_CASES = [("decode 1x1", None), ("decode 64x1", "decode-var"), ("decode 256x1", "decode-var"),
+                 ("prefill 16384", "prefill-var"), ("varlen 16x1024", "prefill-var"),
+                 ("conv update 256", "conv-var"), ("conv prefill 16384", None)]
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per case: the default's time (headline section, `ours`), the fastest variant timed in the same run, and
+    FLA's time; returns one `summary` row per case (impl = the winner) and prints them as a table."""
+    out = []
+    for case, var in SUMMARY_CASES:
+        timed = [r for r in rows if r.get("case") == case and r.get("time_us") and r["section"] != "breakdown"]
+        ours = next((r for r in timed if r["impl"] == "ours" and r["section"] != "sweep"), None)
+        fla = next((r for r in timed if r["impl"] == FLA), None)
+        cands = [r for r in timed if r["section"] == var and "probe" not in r["impl"]
+                 and "copy only" not in r["impl"]] + ([ours] if ours else [])
+        if not cands:
+            continue
+        best = min(cands, key=lambda r: r["time_us"])
+        row = dict(section="summary", case=case, impl=f"best: {best['impl']} ({best['section']})",
+                   time_us=best["time_us"], timing=best.get("timing"))
+        if fla:
+            row["ours_over_fla"] = best["time_us"] / fla["time_us"]
+        out.append(row)
+        print(f"summary   {case:20s} default {ours['time_us'] if ours else float('nan'):9.2f} us   "
+              f"best {best['time_us']:9.2f} us ({best['section']}: {best['impl']})   "
+              f"FLA {fla['time_us'] if fla else float('nan'):9.2f} us", flush=True)
+    return out
 
 
 def plot(rows: list[dict], path) -> None:
