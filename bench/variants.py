@@ -2,7 +2,8 @@
 
 Each function adds rows to a `kernels.Bench` (section = the group's name): the launch floor and a Triton copy
 (the ceilings); the decode kernel's default tilings beside its sub-tile variants (`Tuning.rec_sub`) at N = 64 and
-256, with the state traffic alone in the default grid as the ceiling; the chunked prefill's `Tuning` variants
+256, with the state traffic alone in the default grid as the ceiling, and decode with the conv update fused in
+(a probe: the contract change it needs is described in probes.py) against the two launches of today; the chunked prefill's `Tuning` variants
 (`rq_first`, `wu_stages`, `state_kb`) at T = 16384 and varlen 16 x 1024, and its solve launch alone on one
 sequence and on 16 (with and without the empty chunk slots of the grid); the conv update's variants. `summary`
 prints, per case, the default, the fastest variant and FLA's time, which the defaults are switched from. Every
@@ -22,6 +23,7 @@ from common import n_sets_for, time_cuda
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
 from gdn_trt.plugins.packing import Capture
 
 
@@ -59,6 +61,50 @@ def decode_variants(b) -> None:
                                                                          BV=64, num_warps=2), sets)
         b.add("decode-var", f"decode {n}x1", "state copy only bv64 w2", t, state_TBps=nbytes / t.median_s / 1e12,
               pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw)
+    fused_decode_probe(b)
+
+
+def fused_decode_probe(b) -> None:
+    """Decode at N = 1 and 8 as today (conv update, then the recurrent kernel on the conv output's q, k, v slices:
+    two launches, production defaults) and as one launch with the conv fused in (probes.py, its conv history a
+    ring by token position: the contract a fused op would need), with the probe's output error against the two
+    launches. Few sequences only: in the 64 x 2 tile of many sequences the probe spills 776 B (sm_90 compile)."""
+    for n in (1, 8):
+        pack = packing([1] * n)
+        x = torch.randn(n, D_CONV, device="cuda").to(DT)
+        w = (torch.randn(D_CONV, 4, device="cuda") * 0.5).to(DT)
+        conv = ConvParams(w, 1, 1)
+        g = gdn_inputs(n, 5)
+        sets = n_sets_for(n * STATE_BYTES)
+        pools = [torch.randn(n, HV, K, V, device="cuda") * 0.5 for _ in range(sets)]
+        hist = torch.randn(n, 3, D_CONV, device="cuda").to(DT)
+        pos = torch.randint(3, 1000, (n,), dtype=torch.int32, device="cuda")
+        ring = torch.randn(n, 4, D_CONV, device="cuda").to(DT)
+        rows = (pos[:, None].long() + 1 + torch.arange(3, device="cuda")[None, :]) % 4
+        ring.scatter_(1, rows[:, :, None].expand(n, 3, D_CONV), hist)
+
+        def two(i, pool=None, h=None):
+            y = conv_tri.launch_update(x, conv, pack, hist if h is None else h, None, b.conv)
+            q, k = y[:, :H * K].unflatten(1, (H, K)), y[:, H * K:2 * H * K].unflatten(1, (H, K))
+            gi = GdnInputs(q, k, y[:, 2 * H * K:].unflatten(1, (HV, V)), g.a, g.b, g.A_log, g.dt_bias)
+            return gdn_tri.launch_recurrent(gi, pack, pools[i % sets] if pool is None else pool, None, b.gdn)
+        bv, warps = gdn_tri._rec_tiling(b.gdn, V, HV * n)
+        o = torch.empty(n, HV, V, dtype=DT, device="cuda")
+
+        def fused(i, pool=None, r=None):
+            probes.rec_conv_probe_kernel[(V // bv, HV, n)](
+                x, w, ring if r is None else r, pos, g.a, g.b, g.A_log, g.dt_bias, o,
+                pools[i % sets] if pool is None else pool, pack.slots, K ** -0.5, H=H, HV=HV, K=K, V=V, BV=bv,
+                num_warps=warps)
+        o_ref = two(0, pools[0].clone(), hist.clone())
+        fused(0, pools[0].clone(), ring.clone())
+        err = rel_rms(o_ref.float(), o.float())
+        nbytes = 2 * n * STATE_BYTES
+        for label, fn, e in (("conv update + recurrent (2 launches)", two, None),
+                             ("fused conv + recurrent probe (ring)", fused, err)):
+            t = time_cuda(fn, sets)
+            b.add("decode-var", f"decode {n}x1", label, t, state_TBps=nbytes / t.median_s / 1e12,
+                  pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw, **({} if e is None else dict(rel_rms_o=e)))
 
 
 # the chunked prefill's Tuning variants (tests/test_triton_gdn.py CHUNK_VARIANTS checks each)
@@ -146,8 +192,8 @@ def summary(rows: list[dict]) -> list[dict]:
         timed = [r for r in rows if r.get("case") == case and r.get("time_us") and r["section"] != "breakdown"]
         ours = next((r for r in timed if r["impl"] == "ours" and r["section"] != "sweep"), None)
         fla = next((r for r in timed if r["impl"] == FLA), None)
-        cands = [r for r in timed if r["section"] == var and "probe" not in r["impl"]
-                 and "copy only" not in r["impl"]] + ([ours] if ours else [])
+        cands = [r for r in timed if r["section"] == var and not any(
+            w in r["impl"] for w in ("probe", "copy only", "launches"))] + ([ours] if ours else [])
         if not cands:
             continue
         best = min(cands, key=lambda r: r["time_us"])
