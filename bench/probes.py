@@ -5,8 +5,8 @@ differently, timed beside the real kernels to find where their time goes (no har
 - `copy_kernel`: a flat fp32 copy in Triton (contiguous blocks): the streaming ceiling of a Triton kernel.
 - `rec_copy_kernel`: the decode kernel's state traffic alone: same grid (V-tiles x value heads x sequences), same
   [K, BV] tile, slot lookup and cache hints, the tile stored back unchanged.
-- `conv_update_kernel`: the conv's one-token update in three pool layouts ([S, D, 3] ours, [S, D, 4] FLA's
-  aligned row, [S, 3, D] one contiguous row per history column), and ours moved as one flat run per channel tile
+- `conv_update_kernel`: the conv's one-token update in three pool layouts ([S, D, 3] ours in round 1, [S, D, 4]
+  FLA's aligned row, [S, 3, D] one contiguous row per history column), and ours moved as one flat run per channel tile
   with the taps gathered in registers, each with or without the cu_seqlens / slots lookups. Layout 2 is the
   conv pool's layout since round 2; bench/variants.py runs that one beside the production kernel.
 - `rec_conv_probe_kernel`: the decode step with the conv update fused in, the conv history as a ring indexed by
@@ -48,7 +48,8 @@ def rec_copy_kernel(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.conste
 def conv_update_kernel(x, weight, y, pool, cu_seqlens, slots, D: tl.constexpr, BD: tl.constexpr,
                        LAYOUT: tl.constexpr, INDIRECT: tl.constexpr):
     """One token per sequence, W = 4, dilation 1, SiLU; x, y [N, D], weight [D, 4]. LAYOUT 0: pool [S, D, 3]
-    (ours), 1: [S, D, 4] (FLA's cache row), 2: [S, 3, D], 3: [S, D, 3] moved as one flat run per channel tile.
+    (ours in round 1), 1: [S, D, 4] (FLA's cache row), 2: [S, 3, D] (ours since round 2), 3: [S, D, 3] moved as
+    one flat run per channel tile.
     INDIRECT: row and token from slots / cu_seqlens."""
     i_d, i_n = tl.program_id(0), tl.program_id(1)
     if INDIRECT:
