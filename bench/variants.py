@@ -3,9 +3,10 @@
 Each function adds rows to a `kernels.Bench` (section = the group's name): the launch floor and a Triton copy
 (the ceilings); the decode kernel's default tilings beside its sub-tile variants (`Tuning.rec_sub`) at N = 64 and
 256, with the state traffic alone in the default grid as the ceiling, and decode with the conv update fused in
-(a probe: the contract change it needs is described in probes.py) against the two launches of today; the chunked prefill's `Tuning` variants
-(`rq_first`, `wu_stages`, `state_kb`) at T = 16384 and varlen 16 x 1024, and its solve launch alone on one
-sequence and on 16 (with and without the empty chunk slots of the grid); the conv update's variants. `summary`
+(a probe: the contract change it needs is described in probes.py) against the two launches of today; the
+chunked prefill's `Tuning` variants (`rq_first`, `wu_stages`, `state_kb`) at T = 16384 and varlen 16 x 1024, and
+its solve launch alone on one sequence and on 16 (with and without the empty chunk slots of the grid); the conv
+update's variants. `summary`
 prints, per case, the default, the fastest variant and FLA's time, which the defaults are switched from. Every
 variant run here is checked against float64 by the GPU tests (tests/test_triton_gdn.py, test_triton_conv.py).
 """
@@ -138,8 +139,8 @@ def solve_probe(b) -> None:
         x, pack = gdn_inputs(T, 2), packing(lengths)
         pool = torch.randn(N, HV, K, V, device="cuda") * 0.5
         cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty(N, HV, K, V, device="cuda"))
-        launch = next(rec for rec in triton_aot.record(gdn_tri, lambda: gdn_tri.launch_chunked(x, pack, pool, cap, b.gdn))
-                      if rec.name == "gdn_chunk_intra_kernel")
+        recorded = triton_aot.record(gdn_tri, lambda: gdn_tri.launch_chunked(x, pack, pool, cap, b.gdn))
+        launch = next(rec for rec in recorded if rec.name == "gdn_chunk_intra_kernel")
         chunks = sum(triton.cdiv(n, 64) for n in lengths) if exact else triton.cdiv(T, 64) + 2 * N
         grid = (chunks, H if b.gdn.solve_share else HV)
         t = time_cuda(lambda i: launch.fn[grid](**launch.args, num_warps=launch.num_warps,
@@ -148,8 +149,10 @@ def solve_probe(b) -> None:
 
 
 # the one-token conv update's Tuning variants, timed beside the default (tests/test_triton_conv.py checks each)
-CONV_UPDATE_VARIANTS = [("weight gathers", dict(update_wtile=False)), ("bd512 w4", dict(update_bd=512, update_warps=4)),
-                        ("bd1024 w8", dict(update_bd=1024, update_warps=8)), ("bd128 w2", dict(update_bd=128, update_warps=2))]
+CONV_UPDATE_VARIANTS = [("weight gathers", dict(update_wtile=False)),
+                        ("bd512 w4", dict(update_bd=512, update_warps=4)),
+                        ("bd1024 w8", dict(update_bd=1024, update_warps=8)),
+                        ("bd128 w2", dict(update_bd=128, update_warps=2))]
 
 
 def conv_variants(b, n: int = 256) -> None:
