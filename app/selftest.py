@@ -120,7 +120,7 @@ def conv_feeds(dtype: torch.dtype, dev: torch.device) -> dict[str, torch.Tensor]
     D, W = c.conv_dim, c.linear_conv_kernel_dim
     f = {"x": torch.randn(N, D, generator=g).to(dtype), "weight": torch.randn(D, W, generator=g).to(dtype),
          "cu_seqlens": torch.arange(N + 1, dtype=torch.int32), "slots": torch.tensor(SEQ_SLOTS, dtype=torch.int32),
-         "conv_pool": torch.randn(SLOTS, D, (W - 1) * DILATION, generator=g).to(dtype)}
+         "conv_pool": torch.randn(SLOTS, (W - 1) * DILATION, D, generator=g).to(dtype)}
     return {k: t.to(dev) for k, t in f.items()}
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the GPU tests, then the benchmarks, each stage under its own time limit, logs under $OUT.
 #   run(command="source bench/gpu-prelude.sh; bash bench/gpu-all.sh [stages]", carry=[".whl"])
-# stages (default: tests kernels): tests kernels lora runtime; KERNELS_ONLY passes --only to bench/kernels.py.
+# stages (default: tests kernels): tests kernels lora runtime; KERNELS_ONLY passes --only to bench/kernels.py,
+# KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384 --name kernels-round2"), KERNELS_LIMIT its limit (s).
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
 # and failed; bench/kernels.py writes its results when cut.
 # Budget seen on the H200 (2026-12-02): tests > 330 s with 14 workers (compile-bound: the fp32 prefill kernels with
@@ -39,7 +40,8 @@ for s in $stages; do
                --tb=short ${GPU_K:+-k "$GPU_K"} ${GPU_TESTS:-tests/} > "$raw" 2>&1
              grep -v "PytestBenchmarkWarning\|warner(" "$raw" > "$OUT/tests.log"; rm -f "$raw"
              grep -E "FAILED|ERROR" "$OUT/tests.log" | head -40; tail -3 "$OUT/tests.log" ;;
-    kernels) mkdir -p "$OUT/k"; timeout 300 python bench/kernels.py --out "$OUT/k" ${KERNELS_ONLY:+--only "$KERNELS_ONLY"} >> "$OUT/bench.log" 2>&1
+    kernels) mkdir -p "$OUT/k"; timeout "${KERNELS_LIMIT:-300}" python bench/kernels.py --out "$OUT/k" \
+               ${KERNELS_ONLY:+--only "$KERNELS_ONLY"} ${KERNELS_ARGS:-} >> "$OUT/bench.log" 2>&1
              tail -40 "$OUT/bench.log" ;;
     lora)    mkdir -p "$OUT/l"; timeout 200 python bench/lora.py --out "$OUT/l" >> "$OUT/bench.log" 2>&1
              tail -30 "$OUT/bench.log" ;;

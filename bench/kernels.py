@@ -9,7 +9,10 @@ Timing: CUDA-graph replay of many calls rotating over input sets bigger than the
 Reported: time, ours/FLA time ratio, fp32 state traffic vs the copy bandwidth measured in the same run (decode,
 verify), nominal TFLOP/s and Mtok/s (prefill), bandwidth of the conv, and the accuracy of both against float64.
 The sweep picks our launch parameters first (on the largest case of each kernel) and the headline rows use them;
-without it (`--only` leaving out sweep) the rows use the committed defaults (`triton.Tuning`).
+without it (`--only` leaving out sweep) the rows use the committed defaults (`triton.Tuning`). The variant
+sections (bench/variants.py) time the `Tuning` variants beside the defaults; the run ends with a summary per case
+(default, fastest variant, FLA), also written as `summary` rows. `--only round2 --prefill-T 16384` is issue 18's
+final call: every case of the issue beside FLA, the variants and the per-pass breakdown.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ class Bench:
         pack = packing(lengths)
         x = torch.randn(T, D_CONV, device="cuda").to(DT)
         conv = ConvParams(torch.randn(D_CONV, W_CONV, device="cuda").to(DT), 1, 1)
-        pool = torch.randn(N, D_CONV, W_CONV - 1, device="cuda").to(DT)
+        pool = torch.randn(N, W_CONV - 1, D_CONV, device="cuda").to(DT)
         cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty_like(pool))
         sets = n_sets_for(2 * T * D_CONV * 2, cap=8)
         xs = [x] + [torch.randn_like(x) for _ in range(sets - 1)]
@@ -136,7 +139,7 @@ class Bench:
         conv = ConvParams(torch.randn(D_CONV, W_CONV, device="cuda").to(DT), 1, 1)
         sets = n_sets_for(N * D_CONV * W_CONV * 2)
         tuning = tuning or self.conv
-        pools = [torch.randn(N, D_CONV, W_CONV - 1, device="cuda").to(DT) for _ in range(sets)]
+        pools = [torch.randn(N, W_CONV - 1, D_CONV, device="cuda").to(DT) for _ in range(sets)]
         caches = [torch.randn(N, D_CONV, W_CONV, device="cuda").to(DT) for _ in range(sets)]
         t = time_cuda(lambda i: conv_tri.launch_update(x, conv, pack, pools[i % sets], None, tuning), sets)
         nbytes = 2 * N * D_CONV * 2 + 2 * N * D_CONV * (W_CONV - 1) * 2
@@ -157,9 +160,10 @@ class Bench:
         pool = torch.randn(N, HV, K, V, device="cuda") * 0.5
         cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty(N, HV, K, V, device="cuda"))
         case = f"prefill {T}" if N == 1 else f"varlen {N}x{lengths[0]}"
-        unfused = replace(self.gdn, fuse_wu=False, solve_share=True)
+        variants_on = replace(self.gdn, rq_first=True, wu_stages=3, state_kb=True)
         runs = [("ours", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, self.gdn)),
-                ("ours, unfused w/u", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, unfused))]
+                ("ours, rq_first + wu_stages=3 + state_kb", lambda: gdn_tri.launch_chunked(x, pack, pool, cap,
+                                                                                       variants_on))]
         if fla and self.peer:
             cu = pack.cu_seqlens.long() if N > 1 else None
             runs.append((FLA, lambda: fla_chunk(x, cu, pool)))
@@ -313,6 +317,8 @@ COLUMNS = ["section", "case", "impl", "kernel", "time_us", "ours_over_fla", "sta
 
 SECTIONS = ("floor", "sweep", "decode", "decode-var", "verify", "prefill", "prefill-var", "breakdown", "conv",
             "conv-var", "accuracy")
+# the final call of round 2 (issue 18): every case of the issue beside FLA, the variants, the per-pass breakdown
+ROUND2 = "floor,decode,decode-var,prefill,prefill-var,breakdown,conv,conv-var"
 
 
 def main() -> None:
@@ -322,9 +328,12 @@ def main() -> None:
     ap.add_argument("--name", default="kernels", help="results file stem: <date>-<name>.json/.md/.png")
     ap.add_argument("--no-fla", action="store_true", help="our rows only (FLA's first calls autotune for a while)")
     ap.add_argument("--only", default=",".join(x for x in SECTIONS if x != "sweep"),
-                    help=f"comma-separated subset of {SECTIONS} (default: all but the sweep)")
+                    help=f"comma-separated subset of {SECTIONS} (default: all but the sweep), or 'round2' for "
+                         f"{ROUND2}")
+    ap.add_argument("--prefill-T", default="4096,16384,65536",
+                    help="single-sequence prefill lengths of the prefill section (varlen 16 x 1024 always runs)")
     args = ap.parse_args()
-    only = set(args.only.split(","))
+    only = set((ROUND2 if args.only == "round2" else args.only).split(","))
     meta = device_info()
     bw = copy_bandwidth()
     meta.update({f"copy_{k}": round(v, 3) for k, v in bw.items() if k != "best"})
@@ -346,7 +355,7 @@ def main() -> None:
         if "decode-var" in only:
             variants.decode_variants(b)
         if "prefill" in only:
-            for t in (4096, 16384, 65536):
+            for t in map(int, args.prefill_T.split(",")):
                 b.chunked([t])
             b.chunked([1024] * 16)
         if "prefill-var" in only:
@@ -370,6 +379,7 @@ def main() -> None:
             b.recurrent(64, 4, True)
     except SystemExit:
         meta["cut"] = "stopped by SIGTERM (time limit) before the remaining sections"
+    b.rows += variants.summary(b.rows)
     paths = write_results(args.name, b.rows, meta, COLUMNS, plot, args.out)
     print("wrote", *paths, flush=True)
     print(paths[1].read_text())

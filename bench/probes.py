@@ -5,12 +5,14 @@ differently, timed beside the real kernels to find where their time goes (no har
 - `copy_kernel`: a flat fp32 copy in Triton (contiguous blocks): the streaming ceiling of a Triton kernel.
 - `rec_copy_kernel`: the decode kernel's state traffic alone: same grid (V-tiles x value heads x sequences), same
   [K, BV] tile, slot lookup and cache hints, the tile stored back unchanged.
-- `rec_prefetch_kernel`: the decode step (one token per sequence) on a persistent grid that loads the next work
-  item's state tile before it computes and stores the current one, so each program keeps loads in flight through
-  its compute and store phases.
-- `conv_update_kernel`: the conv's one-token update in three pool layouts ([S, D, 3] ours, [S, D, 4] FLA's
-  aligned row, [S, 3, D] one contiguous row per history column), and ours moved as one flat run per channel tile
-  with the taps gathered in registers, each with or without the cu_seqlens / slots lookups.
+- `conv_update_kernel`: the conv's one-token update in three pool layouts ([S, D, 3] ours in round 1, [S, D, 4]
+  FLA's aligned row, [S, 3, D] one contiguous row per history column), and ours moved as one flat run per channel tile
+  with the taps gathered in registers, each with or without the cu_seqlens / slots lookups. Layout 2 is the
+  conv pool's layout since round 2; bench/variants.py runs that one beside the production kernel.
+- `rec_conv_probe_kernel`: the decode step with the conv update fused in, the conv history as a ring indexed by
+  token position (the contract change a fused decode op would need), timed against the two launches of today.
+
+The persistent prefetching decode probe of 2026-12-03-kernels-variants.md is at commit 95c6842.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import triton
 import triton.language as tl
 
 from gdn_trt.plugins.gated_delta_rule.triton_recurrent import softplus
+
 
 
 @triton.jit
@@ -42,55 +45,11 @@ def rec_copy_kernel(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.conste
 
 
 @triton.jit
-def _rec_item(it, slots, NV: tl.constexpr, HV: tl.constexpr):
-    i_v = it % NV
-    i_hv = (it // NV) % HV
-    i_n = it // (NV * HV)
-    return i_v, i_hv, i_n, tl.load(slots + i_n).to(tl.int64)
-
-
-@triton.jit
-def rec_prefetch_kernel(q, k, v, a, b, A_log, dt_bias, o, pool, slots, n_items, scale,
-                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    """Decode, one token per sequence, contiguous q, k [N, H, K], v [N, HV, V], a, b [N, HV]; no padding rows."""
-    pid, nprog = tl.program_id(0), tl.num_programs(0)
-    NV: tl.constexpr = V // BV
-    o_k = tl.arange(0, K)
-    o_hv = o_k[:, None] * V + tl.arange(0, BV)[None, :]
-    i_v, i_hv, i_n, slot = _rec_item(tl.minimum(pid, n_items - 1), slots, NV, HV)
-    b_h = tl.load(pool + (slot * HV + i_hv) * K * V + i_v * BV + o_hv, mask=o_hv < tl.where(pid < n_items, K * V, 0),
-                  other=0.0, eviction_policy="evict_first")
-    for it in range(pid, n_items, nprog):
-        nx = it + nprog
-        j_v, j_hv, j_n, j_slot = _rec_item(tl.minimum(nx, n_items - 1), slots, NV, HV)
-        b_next = tl.load(pool + (j_slot * HV + j_hv) * K * V + j_v * BV + o_hv, mask=o_hv < tl.where(nx < n_items, K * V, 0),
-                         other=0.0, eviction_policy="evict_first")
-        i_h = i_hv // (HV // H)
-        o_v = i_v * BV + tl.arange(0, BV)
-        b_q = tl.load(q + (i_n * H + i_h) * K + o_k).to(tl.float32)
-        b_k = tl.load(k + (i_n * H + i_h) * K + o_k).to(tl.float32)
-        b_v = tl.load(v + (i_n * HV + i_hv) * V + o_v).to(tl.float32)
-        b_g = -tl.exp(tl.load(A_log + i_hv)) * softplus(tl.load(a + i_n * HV + i_hv).to(tl.float32)
-                                                         + tl.load(dt_bias + i_hv))
-        b_beta = tl.sigmoid(tl.load(b + i_n * HV + i_hv).to(tl.float32))
-        b_hk = tl.sum(b_h * b_k[:, None], 0)
-        b_hq = tl.sum(b_h * b_q[:, None], 0)
-        b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-        b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
-        b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
-        b_e = tl.exp(b_g)
-        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
-        b_h = b_e * b_h + (b_k * b_rk)[:, None] * b_v[None, :]
-        tl.store(o + (i_n * HV + i_hv) * V + o_v, (b_e * b_rq * b_hq + b_kq * b_v).to(o.dtype.element_ty))
-        tl.store(pool + (slot * HV + i_hv) * K * V + i_v * BV + o_hv, b_h, cache_modifier=".cs")
-        b_h, i_v, i_hv, i_n, slot = b_next, j_v, j_hv, j_n, j_slot
-
-
-@triton.jit
 def conv_update_kernel(x, weight, y, pool, cu_seqlens, slots, D: tl.constexpr, BD: tl.constexpr,
                        LAYOUT: tl.constexpr, INDIRECT: tl.constexpr):
     """One token per sequence, W = 4, dilation 1, SiLU; x, y [N, D], weight [D, 4]. LAYOUT 0: pool [S, D, 3]
-    (ours), 1: [S, D, 4] (FLA's cache row), 2: [S, 3, D], 3: [S, D, 3] moved as one flat run per channel tile.
+    (ours in round 1), 1: [S, D, 4] (FLA's cache row), 2: [S, 3, D] (ours since round 2), 3: [S, D, 3] moved as
+    one flat run per channel tile.
     INDIRECT: row and token from slots / cu_seqlens."""
     i_d, i_n = tl.program_id(0), tl.program_id(1)
     if INDIRECT:
@@ -145,3 +104,64 @@ def conv_update_kernel(x, weight, y, pool, cu_seqlens, slots, D: tl.constexpr, B
         tl.store(p + 2 * D, b_x.to(pool.dtype.element_ty))
     b_y = b_y * tl.sigmoid(b_y)
     tl.store(y + bos * D + o_d, b_y.to(y.dtype.element_ty))
+
+
+@triton.jit
+def rec_conv_probe_kernel(x, weight, ring, positions, a, b, A_log, dt_bias, o, pool, slots, scale,
+                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """The decode step with the GDN conv update fused in (one token per sequence, W = 4, SiLU, no padding rows):
+    what one launch instead of two would cost. x [N, D] pre-conv [Q | K | V]; weight [D, 4]; the conv history as a
+    ring [S, 4, D] indexed by token position (row p % 4 holds the input of position p): a step reads the rows of
+    positions p-3 .. p-1 and writes x into row p % 4, which no program of the step reads, so the programs that
+    share a key head's q, k channels need no ordering. Each program convolves its key head's q, k (recomputed by
+    the G * V / BV programs of the head) and its own v columns; q, k rows are written by the head's first
+    program. Not an op: the ring (4 rows and a positions input) would be a contract change of the conv ops."""
+    i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    G: tl.constexpr = HV // H
+    D: tl.constexpr = 2 * H * K + HV * V
+    i_h = i_hv // G
+    slot = tl.load(slots + i_n).to(tl.int64)
+    pos = tl.load(positions + i_n)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_h = o_k[:, None] * V + o_v[None, :]
+    pool += (slot * HV + i_hv) * K * V
+    b_h = tl.load(pool + o_h)
+    p_r = ring + slot * 4 * D
+    x += i_n.to(tl.int64) * D
+    c_q = i_h * K + o_k
+    c_k = H * K + i_h * K + o_k
+    c_v = 2 * H * K + i_hv * V + o_v
+    b_q = _conv4(x, weight, p_r, c_q, pos, D)
+    b_k = _conv4(x, weight, p_r, c_k, pos, D)
+    b_v = _conv4(x, weight, p_r, c_v, pos, D)
+    row = p_r + (pos % 4) * D
+    tl.store(row + c_v, tl.load(x + c_v))
+    if (i_v == 0) & (i_hv % G == 0):
+        tl.store(row + c_q, tl.load(x + c_q))
+        tl.store(row + c_k, tl.load(x + c_k))
+    b_g = -tl.exp(tl.load(A_log + i_hv)) * softplus(tl.load(a + i_n * HV + i_hv).to(tl.float32)
+                                                     + tl.load(dt_bias + i_hv))
+    b_beta = tl.sigmoid(tl.load(b + i_n * HV + i_hv).to(tl.float32))
+    b_hk = tl.sum(b_h * b_k[:, None], 0)
+    b_hq = tl.sum(b_h * b_q[:, None], 0)
+    b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+    b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
+    b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
+    b_e = tl.exp(b_g)
+    b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+    b_h = b_e * b_h + (b_k * b_rk)[:, None] * b_v[None, :]
+    tl.store(o + (i_n * HV + i_hv) * V + o_v, (b_e * b_rq * b_hq + b_kq * b_v).to(o.dtype.element_ty))
+    tl.store(pool + o_h, b_h, cache_modifier=".cs")
+
+
+@triton.jit
+def _conv4(x, weight, p_r, c, pos, D: tl.constexpr):
+    """SiLU(sum_j w[c, j] input(pos - 3 + j)) for channels c (fp32): taps 0..2 from the ring, tap 3 from x."""
+    o_w = tl.arange(0, 4)
+    b_w = tl.load(weight + c[:, None] * 4 + o_w[None, :]).to(tl.float32)
+    b_y = tl.sum(tl.where((o_w == 3)[None, :], b_w, 0.0), 1) * tl.load(x + c).to(tl.float32)
+    for j in tl.static_range(3):
+        b_in = tl.load(p_r + ((pos + 1 + j) % 4) * D + c).to(tl.float32)
+        b_y += tl.sum(tl.where((o_w == j)[None, :], b_w, 0.0), 1) * b_in
+    return b_y * tl.sigmoid(b_y)

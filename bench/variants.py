@@ -1,10 +1,14 @@
 """Variant and probe measurements of bench/kernels.py (`--only floor,decode-var,prefill-var,conv-var`).
 
 Each function adds rows to a `kernels.Bench` (section = the group's name): the launch floor and a Triton copy
-(the ceilings), the decode kernel in each tiling at N = 1 .. 256 beside its state traffic alone and a persistent
-prefetching version, the chunked prefill with its first pass fused or not, and the conv update in three pool
-layouts with and without the slot lookup (probes.py). The variants are compared with the kernels as committed
-(`Tuning`), whose rows the headline sections add.
+(the ceilings); the decode kernel's default tilings beside its sub-tile variants (`Tuning.rec_sub`) at N = 64 and
+256, with the state traffic alone in the default grid as the ceiling, and decode with the conv update fused in
+(a probe: the contract change it needs is described in probes.py) against the two launches of today; the
+chunked prefill's `Tuning` variants (`rq_first`, `wu_stages`, `state_kb`) at T = 16384 and varlen 16 x 1024, and
+its solve launch alone on one sequence and on 16 (with and without the empty chunk slots of the grid); the conv
+update's variants. `summary`
+prints, per case, the default, the fastest variant and FLA's time, which the defaults are switched from. Every
+variant run here is checked against float64 by the GPU tests (tests/test_triton_gdn.py, test_triton_conv.py).
 """
 
 from __future__ import annotations
@@ -14,16 +18,14 @@ from dataclasses import replace
 import probes
 import torch
 import triton
-from cases import HV, STATE_BYTES, H, K, V, D_CONV, DT, gdn_inputs, packing, rel_rms
+from cases import FLA, HV, STATE_BYTES, H, K, V, D_CONV, DT, gdn_inputs, packing, rel_rms
 from common import n_sets_for, time_cuda
 
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
-
-
-def _sm() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count
+from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
+from gdn_trt.plugins.packing import Capture
 
 
 def floors(b) -> None:
@@ -38,53 +40,81 @@ def floors(b) -> None:
           pct_copy_bw=100 * 8 * n / t.median_s / b.copy_bw)
 
 
+# the decode kernel's sub-tile variants (tests/test_triton_gdn.py REC_VARIANTS checks each)
+DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),
+                   ("sub bv128 w4 sub32 s3", dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_sub_stages=3)),
+                   ("sub bv64 w2 sub16 s3", dict(rec_bv=64, rec_warps=2, rec_sub=16, rec_sub_stages=3)),
+                   ("sub bv128 w4 sub16 s4", dict(rec_bv=128, rec_warps=4, rec_sub=16, rec_sub_stages=4))]
+
+
 def decode_variants(b) -> None:
-    """Every tiling at every N (the few/many switch of `_rec_tiling` is chosen from these rows), then at N = 64 and
-    256 the state traffic alone in the same tiling and the persistent prefetching kernel."""
-    few, some, many = [(8, 1), (16, 1), (16, 2), (32, 2), (64, 2)], [(8, 1), (16, 1), (32, 2)], \
-        [(16, 1), (32, 1), (32, 2), (64, 2), (64, 4)]
-    for n, tilings in ((1, few), (2, some), (4, some), (8, few), (16, some), (64, many), (256, many)):
-        for bv, w in tilings:
-            tu = replace(b.gdn, rec_bv=bv, rec_warps=w, rec_few_below=0)
-            b.recurrent(n, 1, False, tu, f"tile bv{bv} w{w}", fla=False)["section"] = "decode-var"
+    """At N = 64 and 256: the many-sequence tile and its sub-tile variants (one token per sequence), then the same
+    default grid moving only the state (the ceiling the step's compute is measured against)."""
     for n in (64, 256):
+        for label, change in DECODE_VARIANTS:
+            tu = replace(b.gdn, rec_few_below=0, **change)
+            b.recurrent(n, 1, False, tu, label, fla=False)["section"] = "decode-var"
         sets = n_sets_for(n * STATE_BYTES)
         pools = [torch.randn(n, HV, K, V, device="cuda") for _ in range(sets)]
         slots = torch.arange(n, dtype=torch.int32, device="cuda")
         nbytes = 2 * n * STATE_BYTES
-        for bv, w in ((32, 2), (64, 2)):
-            t = time_cuda(lambda i: probes.rec_copy_kernel[(V // bv, HV, n)](pools[i % sets], slots, HV=HV, K=K, V=V,
-                                                                             BV=bv, num_warps=w), sets)
-            b.add("decode-var", f"decode {n}x1", f"state copy only bv{bv} w{w}", t, state_TBps=nbytes / t.median_s / 1e12,
-                  pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw)
-        x = gdn_inputs(n, 1)
-        pool0 = pools[0].clone()  # the timed runs below update pools[0] in place
-        ref_pool = pool0.clone()
-        o_ref = gdn_tri.launch_recurrent(x, packing([1] * n), ref_pool, None, b.gdn)
-        # 210-212 registers per thread (sm_90 compile on the CPU): at most 9 (16 x 1 warp) or 4 (32 x 2 warps) per SM
-        for bv, w, per_sm in ((16, 1, 4), (16, 1, 8), (32, 2, 2), (32, 2, 4)):
-            items = (V // bv) * HV * n
-            grid = (min(items, per_sm * _sm()),)
-            o = torch.empty(n, HV, V, dtype=DT, device="cuda")
-
-            def run(i, pool=None):
-                probes.rec_prefetch_kernel[grid](x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, o,
-                                                 pool if pool is not None else pools[i % sets], slots, items,
-                                                 K ** -0.5, H=H, HV=HV, K=K, V=V, BV=bv, num_warps=w)
-            p = pool0.clone()
-            run(0, p)
-            err_o, err_s = rel_rms(o_ref.float(), o.float()), rel_rms(ref_pool, p)
-            t = time_cuda(run, sets)
-            b.add("decode-var", f"decode {n}x1", f"prefetch bv{bv} w{w} {per_sm}/SM", t,
-                  state_TBps=nbytes / t.median_s / 1e12, pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw,
-                  rel_rms_o=err_o, rel_rms_state=err_s)
+        t = time_cuda(lambda i: probes.rec_copy_kernel[(V // 64, HV, n)](pools[i % sets], slots, HV=HV, K=K, V=V,
+                                                                         BV=64, num_warps=2), sets)
+        b.add("decode-var", f"decode {n}x1", "state copy only bv64 w2", t, state_TBps=nbytes / t.median_s / 1e12,
+              pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw)
+    fused_decode_probe(b)
 
 
+def fused_decode_probe(b) -> None:
+    """Decode at N = 1 and 8 as today (conv update, then the recurrent kernel on the conv output's q, k, v slices:
+    two launches, production defaults) and as one launch with the conv fused in (probes.py, its conv history a
+    ring by token position: the contract a fused op would need), with the probe's output error against the two
+    launches. Few sequences only: in the 64 x 2 tile of many sequences the probe spills 776 B (sm_90 compile)."""
+    for n in (1, 8):
+        pack = packing([1] * n)
+        x = torch.randn(n, D_CONV, device="cuda").to(DT)
+        w = (torch.randn(D_CONV, 4, device="cuda") * 0.5).to(DT)
+        conv = ConvParams(w, 1, 1)
+        g = gdn_inputs(n, 5)
+        sets = n_sets_for(n * STATE_BYTES)
+        pools = [torch.randn(n, HV, K, V, device="cuda") * 0.5 for _ in range(sets)]
+        hist = torch.randn(n, 3, D_CONV, device="cuda").to(DT)
+        pos = torch.randint(3, 1000, (n,), dtype=torch.int32, device="cuda")
+        ring = torch.randn(n, 4, D_CONV, device="cuda").to(DT)
+        rows = (pos[:, None].long() + 1 + torch.arange(3, device="cuda")[None, :]) % 4
+        ring.scatter_(1, rows[:, :, None].expand(n, 3, D_CONV), hist)
+
+        def two(i, pool=None, h=None):
+            y = conv_tri.launch_update(x, conv, pack, hist if h is None else h, None, b.conv)
+            q, k = y[:, :H * K].unflatten(1, (H, K)), y[:, H * K:2 * H * K].unflatten(1, (H, K))
+            gi = GdnInputs(q, k, y[:, 2 * H * K:].unflatten(1, (HV, V)), g.a, g.b, g.A_log, g.dt_bias)
+            return gdn_tri.launch_recurrent(gi, pack, pools[i % sets] if pool is None else pool, None, b.gdn)
+        bv, warps = gdn_tri._rec_tiling(b.gdn, V, HV * n)
+        o = torch.empty(n, HV, V, dtype=DT, device="cuda")
+
+        def fused(i, pool=None, r=None):
+            probes.rec_conv_probe_kernel[(V // bv, HV, n)](
+                x, w, ring if r is None else r, pos, g.a, g.b, g.A_log, g.dt_bias, o,
+                pools[i % sets] if pool is None else pool, pack.slots, K ** -0.5, H=H, HV=HV, K=K, V=V, BV=bv,
+                num_warps=warps)
+        o_ref = two(0, pools[0].clone(), hist.clone())
+        fused(0, pools[0].clone(), ring.clone())
+        err = rel_rms(o_ref.float(), o.float())
+        nbytes = 2 * n * STATE_BYTES
+        for label, fn, e in (("conv update + recurrent (2 launches)", two, None),
+                             ("fused conv + recurrent probe (ring)", fused, err)):
+            t = time_cuda(fn, sets)
+            b.add("decode-var", f"decode {n}x1", label, t, state_TBps=nbytes / t.median_s / 1e12,
+                  pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw, **({} if e is None else dict(rel_rms_o=e)))
+
+
+# the chunked prefill's Tuning variants (tests/test_triton_gdn.py CHUNK_VARIANTS checks each)
 PREFILL_VARIANTS = [
-    ("fused, per-head solve (Tuning)", dict()),
-    ("unfused w/u, shared solve (2 launches)", dict(fuse_wu=False, solve_share=True)),
-    ("fused, shared solve", dict(solve_share=True)),
-    ("fused, 2 warps", dict(solve_warps=2)),
+    ("Tuning", dict()),
+    ("rq_first", dict(rq_first=True)),
+    ("wu_stages=2", dict(wu_stages=2)),
+    ("state_kb", dict(state_kb=True)),
+    ("rq_first + wu_stages=3 + state_kb", dict(rq_first=True, wu_stages=3, state_kb=True)),
 ]
 
 
@@ -92,38 +122,93 @@ def prefill_variants(b) -> None:
     for lengths in ([16384], [1024] * 16):
         for name, change in PREFILL_VARIANTS:
             b.chunked(lengths, replace(b.gdn, **change), name, fla=False)["section"] = "prefill-var"
+    solve_probe(b)
+
+
+def solve_probe(b) -> None:
+    """The first (solve) launch of the chunked op alone, to find why it took 210 us on 16 x 1024 tokens against 174
+    on one sequence of 16384 (2026-12-03-kernels-variants.md; compiled for sm_90 the two have the same code, 4048
+    and 4072 instructions): on one sequence, on 16, on 16 with a grid of exactly the 256 chunks (launch_chunked
+    sizes it T/64 + 2N from shapes: 32 empty chunk slots per head), and one sequence passed as two (the second
+    empty: N = 1 is specialised to a constant by Triton, N = 2 is not)."""
+    from gdn_trt.plugins import triton_aot  # records the launches of one call without running them
+
+    for label, lengths, exact in (("1 x 16384", [16384], False), ("16 x 1024", [1024] * 16, False),
+                                  ("16 x 1024, exact grid", [1024] * 16, True), ("16384 + 0", [16384, 0], False)):
+        T, N = sum(lengths), len(lengths)
+        x, pack = gdn_inputs(T, 2), packing(lengths)
+        pool = torch.randn(N, HV, K, V, device="cuda") * 0.5
+        cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty(N, HV, K, V, device="cuda"))
+        recorded = triton_aot.record(gdn_tri, lambda: gdn_tri.launch_chunked(x, pack, pool, cap, b.gdn))
+        launch = next(rec for rec in recorded if rec.name == "gdn_chunk_intra_kernel")
+        chunks = sum(triton.cdiv(n, 64) for n in lengths) if exact else triton.cdiv(T, 64) + 2 * N
+        grid = (chunks, H if b.gdn.solve_share else HV)
+        t = time_cuda(lambda i: launch.fn[grid](**launch.args, num_warps=launch.num_warps,
+                                                num_stages=launch.num_stages))
+        b.add("prefill-var", f"solve {label}", f"intra launch alone, grid {grid[0]} x {grid[1]}", t)
+
+
+# the one-token conv update's Tuning variants, timed beside the default (tests/test_triton_conv.py checks each)
+CONV_UPDATE_VARIANTS = [("weight gathers", dict(update_wtile=False)),
+                        ("bd512 w4", dict(update_bd=512, update_warps=4)),
+                        ("bd1024 w8", dict(update_bd=1024, update_warps=8)),
+                        ("bd128 w2", dict(update_bd=128, update_warps=2))]
 
 
 def conv_variants(b, n: int = 256) -> None:
-    """The one-token conv update in three pool layouts, with and without the cu_seqlens / slots lookups, each
-    checked against our kernel's output on the same history."""
+    """The one-token conv update in its [S, n, D] pool: the default and each variant, and the probe that measured
+    this layout first (bench/probes.py, layout 2, with the cu_seqlens / slots lookups) on the same history."""
     x = torch.randn(n, D_CONV, device="cuda").to(DT)
     weight = torch.randn(D_CONV, 4, device="cuda").to(DT)
     sets = n_sets_for(n * D_CONV * 4 * 2)
-    hist = [torch.randn(n, D_CONV, 3, device="cuda").to(DT) for _ in range(sets)]
-    pools = {0: hist, 3: hist,
-             1: [torch.cat([torch.zeros_like(h[..., :1]), h], -1).contiguous() for h in hist],
-             2: [h.transpose(1, 2).contiguous() for h in hist]}
-    fresh = {layout: p[0].clone() for layout, p in pools.items()}  # the timed runs update the pools in place
+    hist = [torch.randn(n, 3, D_CONV, device="cuda").to(DT) for _ in range(sets)]
     pack = packing([1] * n)
     y_ref = conv_tri.launch_update(x, ConvParams(weight, 1, 1), pack, hist[0].clone(), None, b.conv)
     b.conv_update(n, b.conv, "ours (Tuning)", fla=False)["section"] = "conv-var"
+    for label, change in CONV_UPDATE_VARIANTS:
+        b.conv_update(n, replace(b.conv, **change), f"ours {label}", fla=False)["section"] = "conv-var"
     nbytes = 2 * n * D_CONV * 2 + 2 * n * D_CONV * 3 * 2
-    for layout, label in ((0, "[S, D, 3]"), (1, "[S, D, 4]"), (2, "[S, 3, D]"), (3, "[S, D, 3] flat")):
-        for indirect in (True, False):
-            for bd, w in ((256, 4), (128, 2)):
-                y = torch.empty_like(x)
+    y = torch.empty_like(x)
 
-                def run(i, pool=None):
-                    probes.conv_update_kernel[(D_CONV // bd, n)](
-                        x, weight, y, pool if pool is not None else pools[layout][i % sets], pack.cu_seqlens,
-                        pack.slots, D=D_CONV, BD=bd, LAYOUT=layout, INDIRECT=indirect, num_warps=w)
-                run(0, fresh[layout].clone())
-                err = rel_rms(y_ref.float(), y.float())
-                t = time_cuda(run, sets)
-                b.add("conv-var", f"conv update {n}", f"probe {label} {'slots' if indirect else 'direct'} bd{bd} w{w}",
-                      t, TBps=nbytes / t.median_s / 1e12, pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw,
-                      rel_rms_o=err)
+    def run(i, pool=None):
+        probes.conv_update_kernel[(D_CONV // 256, n)](
+            x, weight, y, pool if pool is not None else hist[i % sets], pack.cu_seqlens, pack.slots, D=D_CONV, BD=256,
+            LAYOUT=2, INDIRECT=True, num_warps=4)
+    run(0, hist[0].clone())
+    err = rel_rms(y_ref.float(), y.float())
+    t = time_cuda(run, sets)
+    b.add("conv-var", f"conv update {n}", "probe [S, 3, D] slots bd256 w4", t, TBps=nbytes / t.median_s / 1e12,
+          pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw, rel_rms_o=err)
+
+
+# issue 18's cases: (case as the rows name it, the variant section that times alternatives to the default)
+SUMMARY_CASES = [("decode 1x1", None), ("decode 64x1", "decode-var"), ("decode 256x1", "decode-var"),
+                 ("prefill 16384", "prefill-var"), ("varlen 16x1024", "prefill-var"),
+                 ("conv update 256", "conv-var"), ("conv prefill 16384", None)]
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per case: the default's time (headline section, `ours`), the fastest variant timed in the same run, and
+    FLA's time; returns one `summary` row per case (impl = the winner) and prints them as a table."""
+    out = []
+    for case, var in SUMMARY_CASES:
+        timed = [r for r in rows if r.get("case") == case and r.get("time_us") and r["section"] != "breakdown"]
+        ours = next((r for r in timed if r["impl"] == "ours" and r["section"] != "sweep"), None)
+        fla = next((r for r in timed if r["impl"] == FLA), None)
+        cands = [r for r in timed if r["section"] == var and not any(
+            w in r["impl"] for w in ("probe", "copy only", "launches"))] + ([ours] if ours else [])
+        if not cands:
+            continue
+        best = min(cands, key=lambda r: r["time_us"])
+        row = dict(section="summary", case=case, impl=f"best: {best['impl']} ({best['section']})",
+                   time_us=best["time_us"], timing=best.get("timing"))
+        if fla:
+            row["ours_over_fla"] = best["time_us"] / fla["time_us"]
+        out.append(row)
+        print(f"summary   {case:20s} default {ours['time_us'] if ours else float('nan'):9.2f} us   "
+              f"best {best['time_us']:9.2f} us ({best['section']}: {best['impl']})   "
+              f"FLA {fla['time_us'] if fla else float('nan'):9.2f} us", flush=True)
+    return out
 
 
 def plot(rows: list[dict], path) -> None:

@@ -152,8 +152,9 @@ class GdnConfig:
 
     @property
     def conv_state_shape(self) -> tuple[int, int]:
-        """One slot of the GDN conv state: [conv_dim, W-1] pre-conv inputs, oldest first."""
-        return (self.conv_dim, self.linear_conv_kernel_dim - 1)
+        """One slot of the GDN conv state: [W-1, conv_dim], the last W-1 pre-conv inputs, oldest first (token-major:
+        a row per token, so the kernels move whole rows along the channels)."""
+        return (self.linear_conv_kernel_dim - 1, self.conv_dim)
 
     @property
     def is_hc(self) -> bool:
@@ -183,7 +184,8 @@ class GdnConfig:
 
     @property
     def ple_conv_state_shape(self) -> tuple[int, int]:
-        return (self.stream_dim, self.ple_carry)
+        """One slot of the PLE conv state: [(k-1)*dilation, n*C], oldest first (token-major, as the GDN conv)."""
+        return (self.ple_carry, self.stream_dim)
 
     def has_ple(self, layer_idx: int) -> bool:
         return (layer_idx + 1) in self.ple_layer_ids

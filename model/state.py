@@ -35,7 +35,7 @@ class BufferSpec:
 
 @dataclass
 class LayerState:
-    """Pools of one layer: conv [S, conv_dim, W-1], ssm [S, HV, K, V], ple_conv [S, n*C, carry] (PLE layers)."""
+    """Pools of one layer: conv [S, W-1, conv_dim], ssm [S, HV, K, V], ple_conv [S, carry, n*C] (PLE layers)."""
 
     conv: Tensor
     ssm: Tensor

@@ -169,9 +169,11 @@ def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), le
     return launches
 
 
-def conv_launches(dtype, dim: int = 8192, width: int = 4, seqs: int = 256):
+def conv_launches(dtype, dim: int = 8192, width: int = 4, seqs: int = 256, **tuning):
     """The causal conv's decode (`launch_update`, one token per sequence) and prefill (`launch_prefill`, a varlen
-    step of 1000 + 65 tokens) launches at Qwen3-Next's conv width."""
+    step of 1000 + 65 tokens) launches at Qwen3-Next's conv width (`tuning`: fields of causal_conv1d's Tuning)."""
+    from dataclasses import replace
+
     import torch
 
     from .causal_conv1d import triton as conv
@@ -179,14 +181,15 @@ def conv_launches(dtype, dim: int = 8192, width: int = 4, seqs: int = 256):
     from .packing import Capture, Packing
 
     params = ConvParams(torch.zeros(dim, width, dtype=dtype), 1, 1)
-    pool = torch.zeros(seqs, dim, width - 1, dtype=dtype)
+    pool = torch.zeros(seqs, *params.state_shape(), dtype=dtype)
     ones = Packing(torch.arange(seqs + 1, dtype=torch.int32), torch.arange(seqs, dtype=torch.int32))
+    tu = replace(conv.TUNING, **tuning)
     launches = record(conv, lambda: conv.launch_update(torch.zeros(seqs, dim, dtype=dtype), params, ones, pool, None,
-                                                       conv.TUNING))
+                                                       tu))
     pack = Packing(torch.tensor([0, 1000, 1065], dtype=torch.int32), torch.arange(2, dtype=torch.int32))
-    cap = Capture(torch.full((2,), -1, dtype=torch.int32), torch.zeros(2, dim, width - 1, dtype=dtype))
+    cap = Capture(torch.full((2,), -1, dtype=torch.int32), torch.zeros(2, *params.state_shape(), dtype=dtype))
     x = torch.zeros(1065, dim, dtype=dtype)
-    return launches + record(conv, lambda: conv.launch_prefill(x, params, pack, pool, cap, conv.TUNING))
+    return launches + record(conv, lambda: conv.launch_prefill(x, params, pack, pool, cap, tu))
 
 
 def _tiling(launch: Launch) -> tuple[str, int, int]:

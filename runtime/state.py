@@ -9,12 +9,12 @@ ngram_size-1 token ids per sequence, kept on the host by the PLE prestage). Inva
 - a snapshot reads a sequence's state only after the step that last wrote it has completed on its stream (the
   step's `Fence`), and restore validates the whole blob before any pool row is written.
 
-Snapshot format (version 2), little-endian:
+Snapshot format (version 3), little-endian:
     b"GDNSNAP" | u8 version | u32 header length | header (UTF-8 JSON) | payload | u32 crc32 of all before
 The header names the config hash and name, the digest of the weights the state was computed with
 (`model.checkpoint.weights_digest`), the token position, the layout string and one entry per tensor (name, dtype,
 shape, byte offset into the payload). The payload holds, for one token boundary, every layer's conv, ssm and
-ple_conv rows and the PLE id carries. Version 1 had no weights digest.
+ple_conv rows and the PLE id carries. Version 1 had no weights digest; version 2 held the conv rows channel-major.
 
 The CRC catches accidents only: anyone can re-seal a blob. So `decode` trusts nothing in it. Before any tensor is
 built it checks the header length against what this pool's header can be, parses the header as strict JSON (UTF-8,
@@ -42,14 +42,14 @@ from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.state import BufferSpec, LayerState
 
 MAGIC = b"GDNSNAP"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # Positions count tokens; 2**62 is beyond any run and leaves int64 headroom for position + drafts arithmetic.
 MAX_POSITION = 2 ** 62
 _HEADER_KEYS = frozenset({"config_hash", "config", "weights", "position", "layout", "tensors"})
 _ENTRY_KEYS = frozenset({"name", "dtype", "shape", "offset"})
 # How every tensor of a slot is laid out; a change here is a format change (bump FORMAT_VERSION).
-LAYOUT = ("ssm [HV, K, V] key-dim rows; conv [conv_dim, W-1] pre-conv inputs oldest first; "
-          "ple_conv [n*C, (k-1)*dilation] oldest first; ple_ids [ngram_size-1] int64 oldest first")
+LAYOUT = ("ssm [HV, K, V] key-dim rows; conv [W-1, conv_dim] pre-conv inputs oldest first; "
+          "ple_conv [(k-1)*dilation, n*C] oldest first; ple_ids [ngram_size-1] int64 oldest first")
 _PREFIX = struct.Struct("<7sBI")
 _CRC = struct.Struct("<I")
 

@@ -37,8 +37,9 @@ def _sub(sd: dict, prefix: str) -> dict:
 
 @dataclass
 class HfStates:
-    """HF cache contents after a run: recurrent [HV, K, V], conv [conv_dim, W-1] (HF keeps W columns; the
-    oldest is dropped here), ple_conv [n*C, carry] or None."""
+    """HF cache contents after a run in this project's layout: recurrent [HV, K, V], conv [W-1, conv_dim] (HF
+    keeps [conv_dim, W] channel-major; the oldest column is dropped and the rest transposed here), ple_conv
+    [carry, n*C] (HF: [n*C, carry], transposed) or None."""
 
     ssm: torch.Tensor
     conv: torch.Tensor
@@ -119,5 +120,5 @@ class HfLayer:
         chunks = [(0, prefill_len)] + [(t, t + 1) for t in range(prefill_len, T)]
         outs = [self(x[None, a:b], None if ids is None else ids[a:b], cache)[0] for a, b in chunks]
         layer = cache.layers[self.i]
-        ple = layer.conv_states[1][0] if "ple" in self.mods else None
-        return torch.cat(outs), HfStates(layer.recurrent_states[0][0], layer.conv_states[0][0][:, 1:], ple)
+        ple = layer.conv_states[1][0].T if "ple" in self.mods else None
+        return torch.cat(outs), HfStates(layer.recurrent_states[0][0], layer.conv_states[0][0][:, 1:].T, ple)

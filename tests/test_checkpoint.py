@@ -32,7 +32,7 @@ def test_from_hf_reads_the_release_configs():
     cfg = GdnConfig.from_hf(next80)
     assert cfg.gdn_layer_ids == tuple(i for i in range(48) if (i + 1) % 4)
     assert len(cfg.gdn_layer_ids) == 36 and cfg.dense_mlp_layers == ()
-    assert cfg.ssm_state_shape == (32, 128, 128) and cfg.conv_state_shape == (8192, 3)
+    assert cfg.ssm_state_shape == (32, 128, 128) and cfg.conv_state_shape == (3, 8192)
     assert cfg.config_hash() == preset("qwen3-next-80b-a3b").config_hash()
     q35 = {"model_type": "qwen3_5", "text_config": {
         "model_type": "qwen3_5_text", "hidden_size": 5120, "num_hidden_layers": 64, "linear_num_key_heads": 16,
@@ -47,7 +47,7 @@ def test_from_hf_reads_the_release_configs():
         "hc_lowrank": 320, "ple_layer_ids": [2], "output_gate_type": "sigmoid", "eos_token_id": [248044],
         "vocab_size": 248320}}
     c4 = GdnConfig.from_hf(q4)
-    assert c4.ple_head_dim == 160 and c4.ple_carry == 9 and c4.has_ple(1) and c4.ple_conv_state_shape == (10240, 9)
+    assert c4.ple_head_dim == 160 and c4.ple_carry == 9 and c4.has_ple(1) and c4.ple_conv_state_shape == (9, 10240)
     assert c4.config_hash() == preset("qwen4-exp").config_hash()
 
 

@@ -27,11 +27,11 @@ def _gdn_args(spec):
 
 def _conv_args(spec):
     args = [torch.randn(9, 7, dtype=F64), torch.randn(7, 4, dtype=F64), torch.tensor([0, 4, 9], dtype=torch.int32),
-            torch.tensor([2, 0], dtype=torch.int32), torch.randn(3, 7, 6, dtype=F64)]
+            torch.tensor([2, 0], dtype=torch.int32), torch.randn(3, 6, 7, dtype=F64)]  # pool [S, (W-1)*dil, D]
     if spec.name.endswith("stash"):
-        args.append(torch.zeros(9, 7, 6, dtype=F64))
+        args.append(torch.zeros(9, 6, 7, dtype=F64))
     if spec is CONV_PREFILL:
-        args += [torch.tensor([2, -1], dtype=torch.int32), torch.zeros(2, 7, 6, dtype=F64)]
+        args += [torch.tensor([2, -1], dtype=torch.int32), torch.zeros(2, 6, 7, dtype=F64)]
     return args + [2, 1]  # dilation 2, silu
 
 

@@ -152,8 +152,8 @@ def test_capture_is_prefix_state_and_tail_replays(c):
 
 
 def conv_by_F(x: torch.Tensor, hist: torch.Tensor, conv: ConvParams) -> torch.Tensor:
-    """Independent formulation: dilated depthwise F.conv1d over [history | x], valid region."""
-    seq = torch.cat([hist, x.T], dim=1)[None]
+    """Independent formulation: dilated depthwise F.conv1d over [history | x], valid region (hist [n, D])."""
+    seq = torch.cat([hist, x], dim=0).T[None]
     y = F.conv1d(seq, conv.weight[:, None, :], groups=x.shape[1], dilation=conv.dilation)[0].T
     return F.silu(y) if conv.activation == Activation.SILU else y
 
@@ -163,13 +163,13 @@ def conv_by_F(x: torch.Tensor, hist: torch.Tensor, conv: ConvParams) -> torch.Te
 def test_conv_equals_conv1d_with_history(dilation, act, T):
     D, W = 7, 4
     conv = ConvParams(torch.randn(D, W, dtype=F64), dilation, act)
-    pool = torch.randn(3, D, (W - 1) * dilation, dtype=F64)
+    pool = torch.randn(3, (W - 1) * dilation, D, dtype=F64)
     x = torch.randn(T, D, dtype=F64)
     want = conv_by_F(x, pool[2], conv)
-    new_window = torch.cat([pool[2], x.T], 1)[:, -(W - 1) * dilation:]
+    new_window = torch.cat([pool[2], x], 0)[-(W - 1) * dilation:]
     for variant in ("update", "prefill"):
         p = pool.clone()
-        extra = (Capture(torch.tensor([T], dtype=torch.int32), torch.zeros(1, D, (W - 1) * dilation, dtype=F64)),)
+        extra = (Capture(torch.tensor([T], dtype=torch.int32), torch.zeros(1, (W - 1) * dilation, D, dtype=F64)),)
         y = getattr(conv_ref, variant)(x, conv, Packing.build([T], [2]), p, *(extra if variant == "prefill" else ()))
         assert_close(f"{variant} y", want, y, EXACT)
         assert torch.equal(p[2], new_window), "state = last (W-1)*dilation pre-conv inputs"
@@ -182,9 +182,9 @@ def test_conv_stash_and_capture_windows():
     D, W, d = 5, 4, 3
     conv = ConvParams(torch.randn(D, W, dtype=F64), d)
     n = (W - 1) * d
-    pool = torch.randn(2, D, n, dtype=F64)
+    pool = torch.randn(2, n, D, dtype=F64)
     x = torch.randn(6, D, dtype=F64)
-    stash = torch.full((6, D, n), float("nan"), dtype=F64)
+    stash = torch.full((6, n, D), float("nan"), dtype=F64)
     before = pool.clone()
     y = conv_ref.update_stash(x, conv, Packing.build([2, 4], [1, 0]), pool, stash)
     assert torch.equal(pool, before), "verify must not touch the pool"
@@ -192,7 +192,7 @@ def test_conv_stash_and_capture_windows():
     for t, slot in [(0, 1), (1, 1), (2, 0), (3, 0), (4, 0), (5, 0)]:
         y1 = conv_ref.update(x[t:t + 1], conv, Packing.build([1], [slot]), walk)
         assert torch.equal(y1, y[t:t + 1]) and torch.equal(walk[slot], stash[t])
-    cap = Capture(torch.tensor([0, 3], dtype=torch.int32), torch.full((2, D, n), float("nan"), dtype=F64))
+    cap = Capture(torch.tensor([0, 3], dtype=torch.int32), torch.full((2, n, D), float("nan"), dtype=F64))
     p = before.clone()
     conv_ref.prefill(x, conv, Packing.build([2, 4], [1, 0]), p, cap)
     assert torch.equal(cap.buf[0], before[1]), "capture at 0 = the initial window"
@@ -206,7 +206,7 @@ def test_padding_slot_and_empty_sequences_leave_buffers_untouched():
     o = gdn_ref.recurrent(x, Packing.build([1, 0, 2], [-1, 0, -1]), pool)
     assert torch.equal(pool, before) and not o.any()
     conv = ConvParams(torch.randn(4, 4, dtype=F64))
-    cpool = torch.randn(2, 4, 3, dtype=F64)
+    cpool = torch.randn(2, 3, 4, dtype=F64)
     cb = cpool.clone()
     y = conv_ref.update(torch.randn(3, 4, dtype=F64), conv, Packing.build([3], [-1]), cpool)
     assert torch.equal(cpool, cb) and not y.any()
@@ -258,6 +258,6 @@ def test_bad_shapes_and_dtypes_are_rejected():
                         Capture(torch.tensor([3], dtype=torch.int32), torch.zeros(1, 4, 4, 4, dtype=F64)))
     conv = ConvParams(torch.randn(4, 4, dtype=F64))
     with pytest.raises(ValueError, match="activation dtype"):
-        conv_ref.update(torch.randn(2, 4), conv, pack, torch.zeros(1, 4, 3, dtype=F64))
+        conv_ref.update(torch.randn(2, 4), conv, pack, torch.zeros(1, 3, 4, dtype=F64))
     with pytest.raises(ValueError, match="conv_pool must be"):
         conv_ref.update(torch.randn(2, 4, dtype=F64), conv, pack, torch.zeros(1, 4, 2, dtype=F64))

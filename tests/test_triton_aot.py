@@ -15,6 +15,8 @@ import torch
 
 from gdn_trt.plugins import triton_aot
 
+from .test_triton_conv import UPDATE_VARIANTS as CONV_UPDATE_VARIANTS
+
 # under the interpreter the kernels are not JIT functions and there is nothing to compile
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="compiles for sm_90: meaningless under TRITON_INTERPRET=1")
@@ -43,9 +45,40 @@ def test_default_tuning_fits_sm90(heads, dtype):
         assert c.registers <= 255
 
 
-def test_conv_kernels_compile_for_sm90():
-    # the conv kernels are small; what this catches is code the interpreter runs but the compiler rejects
-    launches = triton_aot.conv_launches(torch.bfloat16)
+def _variant_launches():
+    from .test_triton_gdn import CHUNK_VARIANTS, REC_VARIANTS
+
+    for name, change in {**CHUNK_VARIANTS, **REC_VARIANTS}.items():
+        yield pytest.param(dict(change, rec_few_below=0) if name in REC_VARIANTS else change, id=name)
+
+
+@pytest.mark.parametrize("change", list(_variant_launches()))
+def test_variant_tunings_fit_sm90(change):
+    """Every Tuning variant the bench times (and the GPU tests check) inside sm_90's shared memory, without
+    spills in the kernels it changes (bf16, Qwen3-Next heads; only the launches the variant changes)."""
+    from dataclasses import replace
+
+    from gdn_trt.plugins.gated_delta_rule import triton as gdn
+
+    base = {(launch.name, tuple(sorted((k, str(v)) for k, v in launch.args.items() if k.isupper())),
+             launch.num_warps, launch.num_stages) for launch in triton_aot.gdn_launches(torch.bfloat16)}
+    changed = [launch for launch in triton_aot.gdn_launches(torch.bfloat16, **change)
+               if (launch.name, tuple(sorted((k, str(v)) for k, v in launch.args.items() if k.isupper())),
+                   launch.num_warps, launch.num_stages) not in base]
+    assert changed, f"the variant {change} changes no launch"
+    assert replace(gdn.TUNING, **change) != gdn.TUNING
+    for launch in changed:
+        c = triton_aot.compile_launch(launch)
+        assert c.shared <= triton_aot.SMEM_LIMIT, c.row()
+        if launch.name in ("gdn_recurrent_kernel", "gdn_chunk_wu_kernel", "gdn_chunk_out_kernel"):
+            assert c.spill_stack <= 8, c.row()
+
+
+@pytest.mark.parametrize("change", [{}, *(pytest.param(c, id=n) for n, c in CONV_UPDATE_VARIANTS.items())])
+def test_conv_kernels_compile_for_sm90(change):
+    # the conv kernels are small; what this catches is code the interpreter runs but the compiler rejects (the
+    # default tuning and each update variant the bench times)
+    launches = triton_aot.conv_launches(torch.bfloat16, **change)
     assert [launch.name for launch in launches] == ["conv_update_kernel", "conv_chunk_kernel", "conv_state_kernel"]
     for launch in launches:
         c = triton_aot.compile_launch(launch)

@@ -7,7 +7,7 @@ small shapes on the CPU by test_triton_interpret.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -47,7 +47,7 @@ def make_inputs(step: Step, conv: Conv, dtype: torch.dtype, device: str
     T = sum(step.lengths)
     x = torch.randn(T, conv.D + 5, device=device).to(dtype)[:, 2:2 + conv.D]
     params = ConvParams((torch.randn(conv.D, conv.W, device=device) * 0.5).to(dtype), conv.dilation, conv.activation)
-    pool = torch.randn(POOL_ROWS, conv.D, params.state_len, device=device).to(dtype)
+    pool = torch.randn(POOL_ROWS, *params.state_shape(), device=device).to(dtype)
     return x, params, Packing.build(list(step.lengths), list(step.slots), device), pool
 
 
@@ -96,8 +96,8 @@ def check_conv(step: Step, conv: Conv, dtype: torch.dtype, device: str, mode: st
             y = tri.update(x, params, pack, got_pool)
         assert_pool(pool, pool_ref, got_pool, step, bound)
     elif mode == "update_stash":
-        stash_ref = torch.full((T, conv.D, n), float("nan"), dtype=torch.float64)
-        stash = torch.full((T, conv.D, n), float("nan"), device=device).to(dtype)
+        stash_ref = torch.full((T, n, conv.D), float("nan"), dtype=torch.float64)
+        stash = torch.full((T, n, conv.D), float("nan"), device=device).to(dtype)
         y_ref = naive.update_stash(x.cpu().double(), _f64(params), _cpu(pack), pool_ref, stash_ref)
         with poisoned(tri):
             y = tri.update_stash(x, params, pack, got_pool, stash)
@@ -106,8 +106,8 @@ def check_conv(step: Step, conv: Conv, dtype: torch.dtype, device: str, mode: st
             "conv_stash differs from the reference windows (or rows of skipped sequences were written)"
     else:
         at = torch.tensor(step.capture_at, dtype=torch.int32)
-        cap_ref = torch.full((N, conv.D, n), float("nan"), dtype=torch.float64)
-        cap = torch.full((N, conv.D, n), float("nan"), device=device).to(dtype)
+        cap_ref = torch.full((N, n, conv.D), float("nan"), dtype=torch.float64)
+        cap = torch.full((N, n, conv.D), float("nan"), device=device).to(dtype)
         y_ref = naive.prefill(x.cpu().double(), _f64(params), _cpu(pack), pool_ref, Capture(at, cap_ref))
         with poisoned(tri):
             y = tri.prefill(x, params, pack, got_pool, Capture(at.to(device), cap))
@@ -132,6 +132,24 @@ VARLEN = Step((1, 63, 65, 0, 1000, 130, 2), (0, 3, 6, 5, 1, -1, 2), (1, 10, 64, 
 def test_update(conv, dtype):
     slots = tuple(-1 if i == 5 else i for i in range(8))
     check_conv(Step((1,) * 8, slots), conv, dtype, "cuda", "update")
+
+
+# the one-token update's variants that bench/kernels.py times beside the default (`Tuning`), so whichever the
+# defaults take is tested at the same commit
+UPDATE_VARIANTS = {"weight-gathers": dict(update_wtile=False), "bd1024-w8": dict(update_bd=1024, update_warps=8),
+                   "bd512-w4": dict(update_bd=512, update_warps=4), "bd128-w2": dict(update_bd=128, update_warps=2)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("conv", [GDN_CONV, ODD_CONV[0]], ids=str)
+@pytest.mark.parametrize("variant", list(UPDATE_VARIANTS))
+def test_update_variants(variant, conv, dtype, monkeypatch):
+    tri = _tri()
+    monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, **UPDATE_VARIANTS[variant]))
+    slots = tuple(-1 if i == 5 else i for i in range(8))
+    check_conv(Step((1,) * 8, slots), conv, dtype, "cuda", "update")
+    check_conv(Step((1, 3, 1, 2), (5, 1, 0, 7)), conv, dtype, "cuda", "update_stash")
 
 
 @pytest.mark.gpu
@@ -167,9 +185,9 @@ def test_cuda_graph(op):
              Step((1, 70, 65, 3, 61), (-1, 3, 1, 5, 2), (-1, 64, 0, 3, 30))]
     x, params, pack, pool = make_inputs(steps[0], PLE_CONV, torch.bfloat16, "cuda")
     T, N, n = sum(steps[0].lengths), len(steps[0].lengths), params.state_len
-    stash = torch.full((T, PLE_CONV.D, n), float("nan"), device="cuda").to(torch.bfloat16)
+    stash = torch.full((T, n, PLE_CONV.D), float("nan"), device="cuda").to(torch.bfloat16)
     cap = Capture(torch.tensor(steps[0].capture_at, dtype=torch.int32, device="cuda"),
-                  torch.full((N, PLE_CONV.D, n), float("nan"), device="cuda").to(torch.bfloat16))
+                  torch.full((N, n, PLE_CONV.D), float("nan"), device="cuda").to(torch.bfloat16))
     run = {"update": lambda: conv_op.update(x, params, pack, pool)[0],
            "update_stash": lambda: conv_op.update_stash(x, params, pack, pool, stash)[0],
            "prefill": lambda: conv_op.prefill(x, params, pack, pool, cap)[0]}[op]

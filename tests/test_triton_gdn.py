@@ -10,6 +10,8 @@ unwritten stash / capture rows still NaN, output rows of padding sequences exact
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import Tensor
@@ -147,6 +149,42 @@ def test_prefill(heads, T, dtype):
 @pytest.mark.parametrize("heads", [QWEN3_NEXT, QWEN35_27B, *ODD], ids=str)
 def test_prefill_varlen(heads, dtype):
     check_chunked(VARLEN_STEP, heads, dtype, "cuda")
+
+
+# the decode kernel's sub-tile variants (Tuning.rec_sub) that bench/kernels.py times beside the default tilings
+# (its decode-var section), forced into the many-sequence tiling here
+REC_VARIANTS = {"bv128-w4-sub32": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_sub_stages=3),
+                "bv64-w2-sub16": dict(rec_bv=64, rec_warps=2, rec_sub=16, rec_sub_stages=3),
+                "bv128-w4-sub16-s4": dict(rec_bv=128, rec_warps=4, rec_sub=16, rec_sub_stages=4)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", list(REC_VARIANTS))
+def test_recurrent_variants(variant, dtype, monkeypatch):
+    tri = _tri()
+    monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, rec_few_below=0, **REC_VARIANTS[variant]))
+    check_recurrent(_decode_step(33), QWEN3_NEXT, dtype, "cuda", stash=False, pool_rows=4 * 33)
+    check_recurrent(_decode_step(9), ODD[2], dtype, "cuda", stash=False, pool_rows=36)  # V = 48: masked sub-tiles
+    for stash in (False, True):  # several tokens per sequence: the sub-tile loop without pipelining
+        check_recurrent(Step((4, 0, 3, 1, 4, 2), (5, 1, -1, 0, 7, 2)), QWEN35_27B, dtype, "cuda", stash)
+
+
+# Tuning variants that bench/kernels.py times beside the defaults (its prefill-var section), each checked against
+# float64 here so the defaults can take whichever wins at the commit that measured it
+CHUNK_VARIANTS = {"rq-first": dict(rq_first=True), "wu-loop": dict(wu_stages=2), "state-kb": dict(state_kb=True),
+                  "all-three": dict(rq_first=True, wu_stages=3, state_kb=True)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", list(CHUNK_VARIANTS))
+def test_chunked_variants(variant, dtype, monkeypatch):
+    tri = _tri()
+    monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, **CHUNK_VARIANTS[variant]))
+    check_chunked(VARLEN_STEP, QWEN35_27B, dtype, "cuda")  # the many-sequence state tiling, G = 3
+    check_chunked(Step((1000,), (3,), (500,)), QWEN3_NEXT, dtype, "cuda")  # one sequence: its state tiling
+    check_chunked(Step((65, 130), (0, 2), (64, -1)), ODD[2], dtype, "cuda")  # K = 32, V = 48
 
 
 @pytest.mark.gpu

@@ -60,6 +60,17 @@ else:
         check_recurrent(Step((1, 1, 1), (3, -1, 0)), Heads(2, 2, 16, 48), F32, "cpu", stash=False)
         check_recurrent(Step((3, 0, 2), (1, 2, 5)), Heads(1, 3, 16, 24), F32, "cpu", stash=True)
 
+    def test_gdn_recurrent_subtiles(monkeypatch):
+        # the many-sequence tile as sub-tiles (Tuning.rec_sub): one-token sequences take the pipelined loop, longer
+        # ones the sub-tile loop; V = 48 in 32-wide tiles of 16-wide sub-tiles (the last masked)
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rec_few_below=0, rec_bv=32, rec_sub=16))
+        check_recurrent(Step((1, 1, 3, 1), (3, -1, 0, 2)), Heads(2, 2, 16, 48), F32, "cpu", stash=False)
+        check_recurrent(Step((3, 0, 1, 2), (1, 2, 5, -1)), Heads(1, 3, 16, 48), F32, "cpu", stash=True)
+
     def test_gdn_chunked_varlen():
         check_chunked(Step((1, 70, 0), (0, 3, 5), (1, 64, 0)), Heads(1, 2, 16, 32), F32, "cpu")
 
@@ -89,6 +100,37 @@ else:
         monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, fuse_wu=True, solve_share=False, fuse_bd=16))
         check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 2, 16, 40), F32, "cpu")
 
+    def test_gdn_chunked_rq_first(monkeypatch):
+        # 1 / |q| from pass 1, loaded by the output pass (Tuning.rq_first), shared and per-head solve
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rq_first=True))
+        check_chunked(Step((70, 3, 0), (1, 0, 2), (-1, 2, 0)), Heads(1, 3, 48, 16), F32, "cpu")
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rq_first=True, solve_share=False))
+        check_chunked(Step((65, 1), (0, 2), (64, 0)), Heads(2, 2, 16, 24), F32, "cpu")
+
+    def test_gdn_chunked_wu_loop(monkeypatch):
+        # the w/u pass over runtime K and V slices (Tuning.wu_stages > 0), K and V wider than one 64-wide slice
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, wu_stages=2))
+        check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 2, 80, 72), F32, "cpu")
+
+    def test_gdn_chunked_state_halves(monkeypatch):
+        # the state pass with the state as two 64-row halves (Tuning.state_kb): K = 96 (second half masked) and
+        # K = 16, captures inside and at the ends
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, state_kb=True))
+        check_chunked(Step((70, 3, 65), (1, 0, 2), (-1, 2, 64)), Heads(1, 2, 96, 24), F32, "cpu")
+        check_chunked(Step((66,), (6,), (33,)), Heads(1, 1, 16, 16), F32, "cpu")
+
     def test_gdn_chunked_many_sequence_tiling(monkeypatch):
         # the state pass's tiling for many sequences (Tuning.state_bv_many), taken here on a one-SM "device":
         # V = 96 in 64-wide tiles, the second half masked
@@ -107,6 +149,16 @@ else:
         # one-token path with dilation (taps every DIL-th history column) and no activation; two tokens: the loop
         check_conv(Step((1, 2, 1), (0, 4, 2)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
                    "cpu", "update")
+
+    def test_conv_update_weight_gathers(monkeypatch):
+        # the one-token update with the weights as per-tap strided loads (Tuning.update_wtile off), a bench variant
+        from dataclasses import replace
+
+        from gdn_trt.plugins.causal_conv1d import triton as conv_tri
+
+        monkeypatch.setattr(conv_tri, "TUNING", replace(conv_tri.TUNING, update_wtile=False, update_bd=16))
+        check_conv(Step((1, 1, 1), (3, -1, 0)), Conv(40), F32, "cpu", "update")
+        check_conv(Step((1, 2, 1), (0, 4, 2)), Conv(40), F32, "cpu", "update_stash")
 
     def test_conv_update_stash():
         check_conv(Step((3, 0, 2, 1), (1, 2, -1, 5)), Conv(24, dilation=3), F32, "cpu", "update_stash")

@@ -59,8 +59,8 @@ TENSORS = {
     "A_log": ("HV", F32), "dt_bias": ("HV", F32), "cu_seqlens": ("N+1", I32), "slots": ("N", I32),
     "capture_at": ("N", I32), "ssm_pool": ("S HV K V", F32), "ssm_stash": ("T HV K V", F32),
     "ssm_capture": ("N HV K V", F32), "o": ("T HV V", ACT),
-    "x": ("T D", ACT), "weight": ("D W", ACT), "conv_pool": ("S D n", ACT), "conv_stash": ("T D n", ACT),
-    "conv_capture": ("N D n", ACT), "y": ("T D", ACT),
+    "x": ("T D", ACT), "weight": ("D W", ACT), "conv_pool": ("S n D", ACT), "conv_stash": ("T n D", ACT),
+    "conv_capture": ("N n D", ACT), "y": ("T D", ACT),
 }
 ATTRS = {"dilation": 3, "activation": 1}  # n = (W - 1) * dilation
 ENTRY = {GDN_RECURRENT: "recurrent", GDN_RECURRENT_STASH: "recurrent_stash", GDN_CHUNKED: "chunked",

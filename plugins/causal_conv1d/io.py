@@ -16,7 +16,8 @@ from ..spec import CONV_UPDATE, CONV_UPDATE_STASH, Activation, OpSpec
 @dataclass(frozen=True)
 class ConvParams:
     """Depthwise causal conv: `weight [D, W]` (column W-1 multiplies the current token), `dilation`, `activation`
-    (`Activation.NONE` or `Activation.SILU`). A slot of state holds the last (W-1)*dilation pre-conv inputs."""
+    (`Activation.NONE` or `Activation.SILU`). A slot of state holds the last n = (W-1)*dilation pre-conv inputs
+    as [n, D], oldest first (token-major: one row of D channels per history token)."""
 
     weight: Tensor
     dilation: int = 1
@@ -31,7 +32,7 @@ class ConvParams:
         return (self.width - 1) * self.dilation
 
     def state_shape(self) -> tuple[int, int]:
-        return (self.weight.shape[0], self.state_len)
+        return (self.state_len, self.weight.shape[0])
 
     def check(self, x: Tensor, conv_pool: Tensor) -> None:
         """Shape and dtype checks (no tensor data read)."""
@@ -44,7 +45,7 @@ class ConvParams:
         if x.dim() != 2 or x.shape[1] != self.weight.shape[0]:
             raise ValueError(f"x must be [T, D={self.weight.shape[0]}], got {tuple(x.shape)}")
         if conv_pool.dim() != 3 or tuple(conv_pool.shape[1:]) != self.state_shape():
-            raise ValueError(f"conv_pool must be [S, {self.weight.shape[0]}, {self.state_len}], "
+            raise ValueError(f"conv_pool must be [S, {self.state_len}, {self.weight.shape[0]}], "
                              f"got {tuple(conv_pool.shape)}")
         if conv_pool.dtype != x.dtype:
             raise ValueError(f"conv_pool ({conv_pool.dtype}) must have the activation dtype ({x.dtype})")

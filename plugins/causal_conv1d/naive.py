@@ -2,9 +2,10 @@
 
     y[t, c] = act( sum_j weight[c, j] * x[t - (W-1-j)*dilation, c] )
 
-with the history before a sequence's first token read from `conv_pool[slot]` (the last (W-1)*dilation pre-conv
-inputs, oldest first) and written back after its last token. Serves the GDN conv (W=4, dilation 1, silu) and the
-PLE conv (W=4, dilation = ngram_size, silu). Arithmetic in fp32 (fp64 for fp64 inputs); y in the input dtype.
+with the history before a sequence's first token read from `conv_pool[slot]` ([(W-1)*dilation, D]: the last
+pre-conv inputs, oldest first, one row per token) and written back after its last token. Serves the GDN conv
+(W=4, dilation 1, silu) and the PLE conv (W=4, dilation = ngram_size, silu). Arithmetic in fp32 (fp64 for fp64
+inputs); y in the input dtype.
 """
 
 from __future__ import annotations
@@ -19,18 +20,18 @@ from .io import ConvParams
 
 
 def conv_sequence(x: Tensor, hist: Tensor, conv: ConvParams) -> tuple[Tensor, Tensor]:
-    """One sequence: x [L, D], hist [D, state_len] -> (y [L, D] pre-cast, windows [L, D, state_len] after each
-    token). Computed in the dtype of `x`."""
+    """One sequence: x [L, D], hist [state_len, D] (oldest first) -> (y [L, D] pre-cast, windows
+    [L, state_len, D] after each token). Computed in the dtype of `x`."""
     L, n = x.shape[0], conv.state_len
-    buf = torch.cat([hist.to(x.dtype), x.transpose(0, 1)], dim=1)  # [D, n + L]
+    buf = torch.cat([hist.to(x.dtype), x], dim=0)  # [n + L, D]: history rows, then the tokens
     w = conv.weight.to(x.dtype)
     y = torch.zeros_like(x)
     for j in range(conv.width):
         back = (conv.width - 1 - j) * conv.dilation
-        y = y + w[:, j] * buf[:, n - back: n - back + L].transpose(0, 1)
+        y = y + w[:, j] * buf[n - back: n - back + L]
     if conv.activation == Activation.SILU:
         y = F.silu(y)
-    windows = torch.stack([buf[:, t + 1: t + 1 + n] for t in range(L)]) if L else buf.new_zeros((0, *hist.shape))
+    windows = torch.stack([buf[t + 1: t + 1 + n] for t in range(L)]) if L else buf.new_zeros((0, *hist.shape))
     return y, windows
 
 
@@ -56,7 +57,7 @@ def update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor) -> Ten
 
 
 def update_stash(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, conv_stash: Tensor) -> Tensor:
-    """Verify modes: the pool is only read; the window after token t goes to conv_stash[t] ([T, D, state_len])."""
+    """Verify modes: the pool is only read; the window after token t goes to conv_stash[t] ([T, state_len, D])."""
     check_buffer("conv_stash", conv_stash, (x.shape[0], *conv.state_shape()), conv_pool.dtype)
     seqs = _sequences(x, conv, pack, conv_pool)
     xc = x.to(compute_dtype(x.dtype))

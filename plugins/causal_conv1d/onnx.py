@@ -1,11 +1,12 @@
 """ONNX emission of the causal conv ops: the `gdn_trt` node (translation for the dynamo exporter) and the
 model-local function whose body computes the op with standard ONNX ops.
 
-No loop: with L = (W-1)*dilation history columns, the input `back` tokens before token t of sequence n is
-x[t - back] while that stays inside n, else column L - (back - pos) of conv_pool[slot n]; so every tap of every
-token is one Gather from x and one GatherElements from the slot rows, selected by `pos >= back`:
+No loop: with L = (W-1)*dilation history rows (conv_pool [S, L, D], oldest first), the input `back` tokens before
+token t of sequence n is x[t - back] while that stays inside n, else row L - (back - pos) of conv_pool[slot n]; so
+every tap of every token is one Gather from x and one GatherElements from the slot rows, selected by
+`pos >= back`:
     y[t] = act( sum_j weight[:, j] * input(t, back = (W-1-j)*dilation) )
-    window after t = [input(t, back = L-1), ..., input(t, back = 0)]         ([D, L], oldest first)
+    window after t = [input(t, back = L-1), ..., input(t, back = 0)]         ([L, D], oldest first)
 stash[t] = window after t; pool[slot n] = window after n's last token (rows gathered per slot, so no scatter with
 repeated indices); capture[n] = window after capture_at[n] tokens (the slot row itself at 0). Arithmetic in fp32;
 y is cast back to the dtype of x, the windows to the buffers' dtype.
@@ -26,16 +27,17 @@ SPECS = (CONV_UPDATE, CONV_UPDATE_STASH, CONV_PREFILL)
 
 
 def _inputs_before(b: Body, pk: PackingVectors, x: str, hist: str, back: str) -> str:
-    """input(t, back) for every token t and offset in `back` [K]: [T, K, D]."""
+    """input(t, back) for every token t and offset in `back` [K] (hist: each token's slot rows [T, L, D]):
+    [T, K, D]."""
     rel = b.op("Sub", b.unsq(pk.pos, 1), b.unsq(back, 0))  # position inside the sequence, [T, K]
     from_x = b.op("Gather", x, b.op("Max", b.op("Add", b.unsq(b.op("Sub", pk.t, pk.pos), 1), rel), b.const(0)),
                   axis=0)  # [T, K, D]
-    L = b.dim(hist, 2)
-    col = b.op("Min", b.op("Max", b.op("Add", rel, L), b.const(0)), b.op("Sub", L, b.const(1)))  # [T, K]
-    shape = b.op("Concat", b.dim(hist, 0), b.dim(hist, 1), b.dim(back, 0), axis=0)
-    from_h = b.op("GatherElements", hist, b.op("Expand", b.unsq(col, 1), shape), axis=2)  # [T, D, K]
+    L = b.dim(hist, 1)
+    row = b.op("Min", b.op("Max", b.op("Add", rel, L), b.const(0)), b.op("Sub", L, b.const(1)))  # [T, K]
+    shape = b.op("Concat", b.dim(hist, 0), b.dim(back, 0), b.dim(hist, 2), axis=0)
+    from_h = b.op("GatherElements", hist, b.op("Expand", b.unsq(row, 2), shape), axis=1)  # [T, K, D]
     inside = b.unsq(b.op("GreaterOrEqual", rel, b.const(0)), 2)
-    return b.op("Where", inside, from_x, b.op("Transpose", from_h, perm=[0, 2, 1]))
+    return b.op("Where", inside, from_x, from_h)
 
 
 def body(spec: OpSpec) -> list[onnx.NodeProto]:
@@ -43,8 +45,8 @@ def body(spec: OpSpec) -> list[onnx.NodeProto]:
     pk = PackingVectors(b, "x", spec)
     x, w = b.cast("x"), b.cast("weight")
     dilation, one = b.attr_int("dilation"), b.const(1)
-    W, L = b.scalar(b.dim("weight", 1)), b.scalar(b.dim("conv_pool", 2))
-    hist = b.cast(b.op("Gather", "conv_pool", pk.slot, axis=0))  # each token's slot row, [T, D, L]
+    W, L = b.scalar(b.dim("weight", 1)), b.scalar(b.dim("conv_pool", 1))
+    hist = b.cast(b.op("Gather", "conv_pool", pk.slot, axis=0))  # each token's slot rows, [T, L, D]
     taps = b.op("Mul", b.op("Sub", b.op("Sub", W, one), b.op("Range", b.const(0), W, one)), dilation)  # [W]
     vals = _inputs_before(b, pk, x, hist, taps)  # [T, W, D]
     y = b.op("ReduceSum", b.op("Mul", vals, b.unsq(b.op("Transpose", w, perm=[1, 0]), 0)), b.const([1]),
@@ -54,20 +56,20 @@ def body(spec: OpSpec) -> list[onnx.NodeProto]:
     y = b.op("Where", b.unsq(pk.valid, 1), y, b.op("Sub", y, y))  # padding sequences: zero rows
     b.nodes.append(onnx.helper.make_node("CastLike", [y, "x"], [spec.outputs[0]]))
     back = b.op("Sub", b.op("Sub", L, one), b.op("Range", b.const(0), L, one))  # L-1 .. 0
-    win = b.op("Transpose", _inputs_before(b, pk, x, hist, back), perm=[0, 2, 1])  # window after t, [T, D, L]
+    win = _inputs_before(b, pk, x, hist, back)  # window after t, [T, L, D]
     if spec is CONV_UPDATE_STASH:
         stash = b.op("Where", bcast(b, pk.valid, 3), b.op("CastLike", win, "conv_stash"), "conv_stash")
         b.nodes.append(onnx.helper.make_node("Identity", [stash], [spec.outputs[1]]))
         return b.nodes
     last = b.op("Gather", win, b.op("Max", b.op("Sub", b.op("Add", pk.start, pk.length), one), b.const(0)),
-                axis=0)  # window after each sequence's last token, [N, D, L]
+                axis=0)  # window after each sequence's last token, [N, L, D]
     writes = b.op("And", pk.valid_n, b.op("Greater", pk.length, b.const(0)))
     b.nodes.append(onnx.helper.make_node("Identity", [_rows_by_slot(b, pk, last, writes)], [spec.outputs[1]]))
     if spec is CONV_PREFILL:
         at = b.op("Max", pk.at_n, b.const(0))
         after = b.op("Gather", win, b.op("Max", b.op("Sub", b.op("Add", pk.start, at), one), b.const(0)), axis=0)
         before = b.cast(b.op("Gather", "conv_pool", pk.slot_n, axis=0))
-        snap = b.op("Where", bcast(b, b.op("Equal", at, b.const(0)), 3), before, after)  # [N, D, L]
+        snap = b.op("Where", bcast(b, b.op("Equal", at, b.const(0)), 3), before, after)  # [N, L, D]
         cap = b.op("Where", bcast(b, pk.snapshot_n(b), 3), b.op("CastLike", snap, "conv_capture"), "conv_capture")
         b.nodes.append(onnx.helper.make_node("Identity", [cap], [spec.outputs[2]]))
     return b.nodes
@@ -80,7 +82,7 @@ def _rows_by_slot(b: Body, pk: PackingVectors, rows: str, writes: str) -> str:
     match = b.op("And", b.op("Equal", b.unsq(s, 1), b.unsq(pk.slot_n, 0)), b.unsq(writes, 0))  # [S, N]
     m = b.cast(match, TensorProto.INT32)
     has = b.op("Greater", b.op("ReduceMax", m, b.const([1]), keepdims=0), b.const(0, np.int32))
-    picked = b.op("Gather", rows, b.op("ArgMax", m, axis=1, keepdims=0), axis=0)  # [S, D, L]
+    picked = b.op("Gather", rows, b.op("ArgMax", m, axis=1, keepdims=0), axis=0)  # [S, L, D]
     return b.op("Where", bcast(b, has, 3), b.op("CastLike", picked, "conv_pool"), "conv_pool")
 
 

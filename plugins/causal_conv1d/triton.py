@@ -1,17 +1,18 @@
 """Triton kernels of the depthwise causal conv with state: same names, arguments and semantics as `naive.py`.
 
-Per sequence the conv reads the buffer [hist | x]: hist = conv_pool[slot] [D, n] (n = (W-1)*dilation pre-conv
-inputs, oldest first), then the sequence's tokens. Buffer column b is hist[:, b] for b < n and x[bos + b - n]
-after; token i (0-based in its sequence) sees taps b = n + i - (W-1-j)*dilation, j = 0..W-1, and the window after
-i tokens is columns [i, i + n).
+Per sequence the conv reads the buffer [hist ; x] of rows: hist = conv_pool[slot] [n, D] (n = (W-1)*dilation
+pre-conv inputs, oldest first, one row of D channels per token), then the sequence's tokens. Buffer row b is
+hist[b] for b < n and x[bos + b - n] after; token i (0-based in its sequence) sees taps b = n + i - (W-1-j)*dilation,
+j = 0..W-1, and the window after i tokens is rows [i, i + n). Every buffer row is a run along D, as x and y are,
+so every access of every kernel is coalesced along the channels.
 
 - `update` / `update_stash` (decode, verify): `conv_update_kernel`, one program per (channel tile, sequence),
   a loop over the sequence's few tokens; the window after each token goes to the stash, or the last window to
-  the pool (after a barrier: the pool row is also read as history). One token (decode) reads the pool row once
-  as a tile instead.
+  the pool (after a barrier: the pool row is also read as history). One token (decode) reads each history row
+  once instead.
 - `prefill`: `conv_chunk_kernel` computes y for chunks of `Tuning.chunk_bt` tokens of every sequence in parallel
   (grid sized from shapes; each program finds its sequence by a prefix sum over cu_seqlens), for tokens i >= n
-  only, so it streams x with 16-byte loads and never gathers from the pool; then `conv_state_kernel`, per
+  only, so it streams x with 16-byte loads and never reads the pool; then `conv_state_kernel`, per
   (channel tile, sequence), computes the first n tokens (whose taps reach into the history), the capture window
   and the final window.
   Two launches because the final window overwrites the history row.
@@ -42,6 +43,12 @@ class Tuning:
 
     update_bd: int = 256  # also the channel tile of the prefill's state launch
     update_warps: int = 4
+    # one-token update of the GDN conv (dilation 1, W = 4): the weights as one aligned [BD, W] tile, its columns
+    # picked in registers (a layout conversion through shared memory per tap: 11 barriers in the sm_90 code), as in
+    # the probe that ran in 10.2 us at N = 256 (2026-12-03-kernels-variants.md); off: W strided 2-byte loads per
+    # channel, already in the rows' layout (measured slower in the old [S, D, n] layout, 16.5 against 13.1 us,
+    # where the history tile had the weight tile's layout; not timed in this one)
+    update_wtile: bool = True
     # small tiles, many programs in flight: 16 x 128 on 2 warps took 201 us at T = 16384 against 322 us with the
     # earlier 64 x 128 on 4 warps (the loads of one program are W shifted copies of the same rows)
     chunk_bt: int = 16
@@ -53,39 +60,49 @@ TUNING = Tuning()
 
 
 @triton.jit
-def load_taps(x_seq, pool_row, o_d, m_d, b_pos, s_xt, STATE_LEN: tl.constexpr):
-    """Buffer columns b_pos (int32, any shape broadcast against o_d) as fp32: hist for b < n, else the rows of x
-    (x_seq points at the sequence's first row)."""
+def load_taps(x_seq, pool_row, o_d, m, b_pos, s_xt, D: tl.constexpr, STATE_LEN: tl.constexpr):
+    """Buffer rows b_pos (int32, any shape broadcast against the channels o_d; mask m) as fp32: history row b of
+    the pool ([n, D], row stride D) for b < n, else row b - n of x (x_seq points at the sequence's first row).
+    Both are runs along D, so every access is coalesced."""
     b_pos = b_pos + tl.zeros_like(o_d)  # broadcast a scalar position first (the interpreter needs a vector mask)
-    m_hist = m_d & (b_pos < STATE_LEN)
-    m_x = m_d & (b_pos >= STATE_LEN)
-    b_h = tl.load(pool_row + o_d * STATE_LEN + b_pos, mask=m_hist, other=0.0)
-    b_x = tl.load(x_seq + (b_pos - STATE_LEN) * s_xt + o_d, mask=m_x, other=0.0)
+    b_h = tl.load(pool_row + b_pos * D + o_d, mask=m & (b_pos < STATE_LEN), other=0.0)
+    b_x = tl.load(x_seq + (b_pos - STATE_LEN) * s_xt + o_d, mask=m & (b_pos >= STATE_LEN), other=0.0)
     return b_h.to(tl.float32) + b_x.to(tl.float32)
 
 
 @triton.jit
-def conv_taps(x_seq, weight, pool_row, o_d, m_d, m, b_i, s_xt, s_wd,
-              W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr):
-    """y at sequence-local positions b_i (broadcast against channels o_d, mask m; m_d masks the channels only):
+def conv_taps(x_seq, weight, pool_row, o_d, m_d, b_i, s_xt, s_wd,
+              D: tl.constexpr, W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr):
+    """y of the token at sequence-local position b_i (scalar) for channels o_d (mask m_d):
     act(sum_j w[:, j] x[i - (W-1-j) dil])."""
     b_y = tl.load(weight + o_d * s_wd, mask=m_d, other=0.0).to(tl.float32) * load_taps(
-        x_seq, pool_row, o_d, m, STATE_LEN + b_i - (W - 1) * DIL, s_xt, STATE_LEN)
+        x_seq, pool_row, o_d, m_d, STATE_LEN + b_i - (W - 1) * DIL, s_xt, D, STATE_LEN)
     for j in tl.static_range(1, W):
         b_w = tl.load(weight + o_d * s_wd + j, mask=m_d, other=0.0).to(tl.float32)
-        b_y += b_w * load_taps(x_seq, pool_row, o_d, m, STATE_LEN + b_i - (W - 1 - j) * DIL, s_xt, STATE_LEN)
+        b_y += b_w * load_taps(x_seq, pool_row, o_d, m_d, STATE_LEN + b_i - (W - 1 - j) * DIL, s_xt, D, STATE_LEN)
     if ACT == 1:
         b_y = b_y * tl.sigmoid(b_y)
     return b_y
 
 
 @triton.jit
+def window_after(x_seq, pool_row, o_d, m_d, b_i, s_xt, D: tl.constexpr, STATE_LEN: tl.constexpr,
+                 BS: tl.constexpr):
+    """The window after b_i tokens of the sequence: buffer rows [b_i, b_i + n) as a [BS, BD] fp32 tile (rows past
+    n masked), its offsets [BS, BD] into an [n, D] row and its mask."""
+    o_s = tl.arange(0, BS)
+    m_sd = (o_s < STATE_LEN)[:, None] & m_d[None, :]
+    b_win = load_taps(x_seq, pool_row, o_d[None, :], m_sd, b_i + o_s[:, None], s_xt, D, STATE_LEN)
+    return b_win, o_s[:, None] * D + o_d[None, :], m_sd
+
+
+@triton.jit
 def conv_update_kernel(
-    x, weight, y, pool, stash,  # x [T, D] (row stride s_xt); weight [D, W]; y [T, D]; pool [S, D, n]; stash [T, D, n]
+    x, weight, y, pool, stash,  # x [T, D] (row stride s_xt); weight [D, W]; y [T, D]; pool [S, n, D]; stash [T, n, D]
     cu_seqlens, slots, s_xt,
     S_WD: tl.constexpr,  # the weight's row stride (W when contiguous): a constant, so weight rows are aligned
     D: tl.constexpr, W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr,
-    BD: tl.constexpr, BS: tl.constexpr, STASH: tl.constexpr,
+    BD: tl.constexpr, BS: tl.constexpr, BW: tl.constexpr, STASH: tl.constexpr, WTILE: tl.constexpr,
 ):
     i_d, i_n = tl.program_id(0), tl.program_id(1)
     b_cu = tl.load(cu_seqlens + i_n)
@@ -100,53 +117,48 @@ def conv_update_kernel(
             tl.store(y + i * D + o_d, tl.zeros([BD], dtype=y.dtype.element_ty), mask=m_d)
         return
     x += bos * s_xt
-    pool_row = pool + slot * D * STATE_LEN
-    o_s = tl.arange(0, BS)
-    m_ds = m_d[:, None] & (o_s < STATE_LEN)[None, :]
-    o_ds = o_d[:, None] * STATE_LEN + o_s[None, :]
-    stash += bos * D * STATE_LEN
+    pool_row = pool + slot * STATE_LEN * D
+    stash += bos * STATE_LEN * D
     if n_t == 1:
-        # one token (every decode step): the history row is read once as a [BD, BS] tile and its taps weighted in
-        # place, instead of W + n per-column gathers of 6-byte rows (N = 256: 16.2 us, the loop 18.3; FLA 11.1)
-        b_hist = tl.load(pool_row + o_ds, mask=m_ds, other=0.0).to(tl.float32)
+        # one token (every decode step): the taps are whole history rows (runs along D, as x and y), read once.
+        # In the [S, D, n] layout of before the update at N = 256 took 16.5 us (FLA 11.1); a probe of this layout
+        # with the slot lookup ran it in 10.2 (bench/probes.py, 2026-12-03-kernels-variants.md)
         b_x = tl.load(x + o_d, mask=m_d, other=0.0).to(tl.float32)
-        if (DIL == 1) and (BS == W) and (S_WD == W):
-            # the GDN conv (W = 4, n = 3): a weight row is as wide as the padded history tile, so the weights come
-            # as one [BD, W] tile (8-byte rows) and the current token's tap is its last column. The per-column
-            # weight gathers below took the update at N = 256 to 16.5 us; a probe with this tile ran it in 13.1
-            # (bench/probes.py, 2026-12-03-kernels-variants.md)
-            b_w = tl.load(weight + o_d[:, None] * W + o_s[None, :], mask=m_d[:, None], other=0.0).to(tl.float32)
-            b_y = tl.sum(b_hist * b_w, 1) + tl.sum(tl.where((o_s == W - 1)[None, :], b_w, 0.0), 1) * b_x
+        if WTILE and (DIL == 1) and (BW == W) and (S_WD == W):
+            # the GDN conv (W = 4): the weights as one aligned [BD, W] tile (8-byte rows) instead of W 2-byte
+            # gathers per channel (those cost about 3.4 us of the 16.5 above), columns picked in registers
+            o_w = tl.arange(0, BW)
+            b_w = tl.load(weight + o_d[:, None] * W + o_w[None, :], mask=m_d[:, None], other=0.0).to(tl.float32)
+            b_y = tl.sum(tl.where((o_w == W - 1)[None, :], b_w, 0.0), 1) * b_x
+            for j in tl.static_range(W - 1):
+                b_h = tl.load(pool_row + j * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+                b_y += tl.sum(tl.where((o_w == j)[None, :], b_w, 0.0), 1) * b_h
         else:
-            # buffer column j * DIL < n is tap j of the token (the last tap, j = W - 1, is x itself)
-            m_tap = m_ds & (o_s % DIL == 0)[None, :]
-            b_wt = tl.load(weight + o_d[:, None] * S_WD + (o_s // DIL)[None, :], mask=m_tap, other=0.0)
-            b_y = tl.sum(b_hist * b_wt.to(tl.float32), 1)
-            b_y += tl.load(weight + o_d * S_WD + (W - 1), mask=m_d, other=0.0).to(tl.float32) * b_x
+            b_y = tl.load(weight + o_d * S_WD + (W - 1), mask=m_d, other=0.0).to(tl.float32) * b_x
+            for j in tl.static_range(W - 1):  # tap j of the token is history row j * DIL (n = (W-1) DIL rows)
+                b_h = tl.load(pool_row + j * DIL * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+                b_y += tl.load(weight + o_d * S_WD + j, mask=m_d, other=0.0).to(tl.float32) * b_h
         if ACT == 1:
             b_y = b_y * tl.sigmoid(b_y)
         tl.store(y + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
-        # the window after the token: history shifted by one column, x last
-        m_next = m_d[:, None] & (o_s + 1 < STATE_LEN)[None, :]
-        b_win = tl.load(pool_row + o_ds + 1, mask=m_next, other=0.0).to(tl.float32)
-        b_win = tl.where((o_s == STATE_LEN - 1)[None, :], b_x[:, None], b_win)
+        b_win, o_sd, m_sd = window_after(x, pool_row, o_d, m_d, 1, s_xt, D, STATE_LEN, BS)
         if STASH:
-            tl.store(stash + o_ds, b_win.to(stash.dtype.element_ty), mask=m_ds)
+            tl.store(stash + o_sd, b_win.to(stash.dtype.element_ty), mask=m_sd)
         else:
             tl.debug_barrier()  # every read of the history row precedes its overwrite
-            tl.store(pool_row + o_ds, b_win.to(pool.dtype.element_ty), mask=m_ds)
+            tl.store(pool_row + o_sd, b_win.to(pool.dtype.element_ty), mask=m_sd)
         return
     for i in range(0, n_t):
-        b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, i, s_xt, S_WD, W, DIL, STATE_LEN, ACT)
+        b_y = conv_taps(x, weight, pool_row, o_d, m_d, i, s_xt, S_WD, D, W, DIL, STATE_LEN, ACT)
         tl.store(y + i * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
         if STASH:
-            b_win = load_taps(x, pool_row, o_d[:, None], m_ds, (i + 1) + o_s[None, :], s_xt, STATE_LEN)
-            tl.store(stash + i * D * STATE_LEN + o_ds, b_win.to(stash.dtype.element_ty), mask=m_ds)
+            b_win, o_sd, m_sd = window_after(x, pool_row, o_d, m_d, i + 1, s_xt, D, STATE_LEN, BS)
+            tl.store(stash + i * STATE_LEN * D + o_sd, b_win.to(stash.dtype.element_ty), mask=m_sd)
     if not STASH:
         if n_t > 0:
-            b_win = load_taps(x, pool_row, o_d[:, None], m_ds, n_t + o_s[None, :], s_xt, STATE_LEN)
+            b_win, o_sd, m_sd = window_after(x, pool_row, o_d, m_d, n_t, s_xt, D, STATE_LEN, BS)
             tl.debug_barrier()  # every read of the history row precedes its overwrite
-            tl.store(pool_row + o_ds, b_win.to(pool.dtype.element_ty), mask=m_ds)
+            tl.store(pool_row + o_sd, b_win.to(pool.dtype.element_ty), mask=m_sd)
 
 
 @triton.jit
@@ -199,7 +211,8 @@ def conv_state_kernel(
     BD: tl.constexpr, BS: tl.constexpr,
 ):
     """Per (channel tile, sequence): y for the first min(n, len) tokens (their taps reach into the history), the
-    capture window and the final window (the pool row is read before it is overwritten)."""
+    capture window and the final window (the pool row is read before it is overwritten). Every row it reads or
+    writes is a run of channels, so its accesses are coalesced along D."""
     i_d, i_n = tl.program_id(0), tl.program_id(1)
     slot = tl.load(slots + i_n).to(tl.int64)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -213,20 +226,17 @@ def conv_state_kernel(
         return
     c_at = tl.load(capture_at + i_n)
     x += bos * s_xt
-    pool_row = pool + slot * D * STATE_LEN
+    pool_row = pool + slot * STATE_LEN * D
     for i in range(0, tl.minimum(length, STATE_LEN)):
-        b_y = conv_taps(x, weight, pool_row, o_d, m_d, m_d, i, s_xt, s_wd, W, DIL, STATE_LEN, ACT)
+        b_y = conv_taps(x, weight, pool_row, o_d, m_d, i, s_xt, s_wd, D, W, DIL, STATE_LEN, ACT)
         tl.store(y + i * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
-    o_s = tl.arange(0, BS)
-    m_ds = m_d[:, None] & (o_s < STATE_LEN)[None, :]
-    o_ds = o_d[:, None] * STATE_LEN + o_s[None, :]
     if c_at >= 0:
-        b_win = load_taps(x, pool_row, o_d[:, None], m_ds, c_at + o_s[None, :], s_xt, STATE_LEN)
-        tl.store(cap + i_n * D * STATE_LEN + o_ds, b_win.to(cap.dtype.element_ty), mask=m_ds)
+        b_win, o_sd, m_sd = window_after(x, pool_row, o_d, m_d, c_at, s_xt, D, STATE_LEN, BS)
+        tl.store(cap + i_n.to(tl.int64) * STATE_LEN * D + o_sd, b_win.to(cap.dtype.element_ty), mask=m_sd)
     if length > 0:
-        b_win = load_taps(x, pool_row, o_d[:, None], m_ds, length + o_s[None, :], s_xt, STATE_LEN)
+        b_win, o_sd, m_sd = window_after(x, pool_row, o_d, m_d, length, s_xt, D, STATE_LEN, BS)
         tl.debug_barrier()  # every read of the history row precedes its overwrite
-        tl.store(pool_row + o_ds, b_win.to(pool.dtype.element_ty), mask=m_ds)
+        tl.store(pool_row + o_sd, b_win.to(pool.dtype.element_ty), mask=m_sd)
 
 
 def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -260,7 +270,8 @@ def launch_update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor,
     conv_update_kernel[(triton.cdiv(D, BD), N)](
         x, conv.weight, y, conv_pool, conv_pool if conv_stash is None else conv_stash, pack.cu_seqlens, pack.slots,
         x.stride(0), S_WD=conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len),
-        STASH=conv_stash is not None, num_warps=tuning.update_warps, **_meta(conv))
+        BW=triton.next_power_of_2(conv.width), STASH=conv_stash is not None, WTILE=tuning.update_wtile,
+        num_warps=tuning.update_warps, **_meta(conv))
     return y
 
 
@@ -270,9 +281,9 @@ def update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor) -> Ten
 
 
 def update_stash(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor, conv_stash: Tensor) -> Tensor:
-    """Verify modes: the pool is only read; the window after token t goes to conv_stash[t] [T, D, n]."""
+    """Verify modes: the pool is only read; the window after token t goes to conv_stash[t] [T, n, D]."""
     if tuple(conv_stash.shape) != (x.shape[0], *conv.state_shape()) or not conv_stash.is_contiguous():
-        raise ValueError(f"conv_stash must be a contiguous [{x.shape[0]}, {conv.weight.shape[0]}, {conv.state_len}] "
+        raise ValueError(f"conv_stash must be a contiguous [{x.shape[0]}, {conv.state_len}, {conv.weight.shape[0]}] "
                          f"tensor, got {tuple(conv_stash.shape)}")
     return launch_update(x, conv, pack, conv_pool, conv_stash, TUNING)
 

@@ -45,6 +45,14 @@ class Tuning:
     rec_warps_few: int = 1
     rec_few_below: int = 2048
     rec_stream: bool = True  # evict-first state loads and streaming stores (swept in bench/kernels.py)
+    # Many sequences: > 0 runs a program's rec_bv columns as sub-tiles of this width, and a one-token sequence's
+    # sub-tiles in a loop that Triton software-pipelines over `rec_sub_stages` (the next sub-tiles' state loads go
+    # to shared memory by cp.async while the current one is reduced, updated and stored). At N = 64 / 256 the
+    # 64 x 2 tile reached 82.7 / 88.7 % of the copy rate where the same grid moving only the state reached 93.9 /
+    # 96.6 %: the step's compute between a tile's load and its store holds the program's registers with no load in
+    # flight (H200, 2026-12-03-kernels-variants.md). 0: one tile. Not yet timed.
+    rec_sub: int = 0
+    rec_sub_stages: int = 3
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -55,6 +63,10 @@ class Tuning:
     fuse_wu: bool = False
     fuse_bd: int = 64
     wu_warps: int = 8
+    # > 0: the w/u pass loops over 64-wide K and V slices at run time, software-pipelined with this many stages
+    # (FLA's recompute_w_u form, 161 us at T = 16384 against our unrolled pass's 194, H200, 2026-12-03); 0: K in
+    # one tile, V slices unrolled (the form measured). Not yet timed.
+    wu_stages: int = 0
     state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
     state_warps: int = 4
     # 4 stages: the same time in the sweep, but 238 KB of shared memory with fp32 activations at K=128 (227 KB max)
@@ -67,8 +79,16 @@ class Tuning:
     # halves the parallelism instead (1197 vs 1055 us at T = 16384).
     state_bv_many: int = 64
     state_stages_many: int = 2
+    # the state as two 64-row halves (K <= 128) with each product split the same way, FLA's chunk_delta_h form
+    # (its state pass took 311 us at T = 16384 against our 352, H200, 2026-12-03): compiled for sm_90 the loop
+    # body then has FLA's shared-memory traffic and 174 registers against 220. Not yet timed.
+    state_kb: bool = False
     out_bv: int = 128
     out_warps: int = 4
+    # 1 / |q| per row computed in pass 1 (from q loads beside its k loads, off the solve's dependent chain) and
+    # stored ([T, H] fp32, 1 MB at T = 16384), so the output pass loads it instead of reducing its q tile (that
+    # reduction took the pass from 212 to 251 us, H200, 2026-12-03-kernels-variants.md). Not yet timed.
+    rq_first: bool = False
     # dot precisions of the chunked passes on fp32 activations. IEEE dots are lowered to unrolled FMA loops: at
     # K = V = 128 the output pass took 72-105 s to compile under Triton 3.9 (G = 2, 3) and 282 s under 3.6 (G = 3),
     # with 20-39 KB of spilled stack per thread, which made the fp32 prefill GPU tests run for minutes. 3xTF32
@@ -139,12 +159,13 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
     if N == 0 or T == 0:
         return o
     BV, warps = _rec_tiling(tuning, V, HV * N)
+    sub = tuning.rec_sub if 0 < tuning.rec_sub < BV else 0
     gdn_recurrent_kernel[(triton.cdiv(V, BV), HV, N)](
         q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, ssm_pool if ssm_stash is None else ssm_stash,
         pack.cu_seqlens, pack.slots,
         *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
         H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, STASH=ssm_stash is not None,
-        STREAM=tuning.rec_stream,
+        STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages,
         num_warps=warps,
     )
     return o
@@ -208,28 +229,31 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
         return o
     w, u, v_new = _new((T, HV, K), dt, dev), _new((T, HV, V), dt, dev), _new((T, HV, V), dt, dev)
     gam, rk = _new((T, HV), torch.float32, dev), _new((T, H), torch.float32, dev)
+    rq = _new((T, H), torch.float32, dev) if tuning.rq_first else rk  # rk stands in when unused
     h = _new((n_chunks, HV, K, V), dt, dev)
     meta = dict(H=H, HV=HV, K=K, BN=BN, BT=BT, PREC=prec)
     seq = (pack.cu_seqlens, pack.slots, capture.at, N)
     if T > 0:
         t_inv = w if tuning.fuse_wu else _new((T, HV, BT), dt, dev)
         gdn_chunk_intra_kernel[(n_chunks, H if tuning.solve_share else HV)](
-            k, v, a, b, x.A_log, x.dt_bias, rk, gam, w, u, t_inv, *seq, *k.stride()[:2], *v.stride()[:2],
-            *a.stride(), *b.stride(), V=V, BKS=min(tuning.solve_bk, BK), BD=_v_tile(tuning.fuse_bd, max(K, V)),
-            BC=BC, SOLVE_PREC=solve_prec, SHARE=tuning.solve_share, FUSE=tuning.fuse_wu,
-            num_warps=tuning.solve_warps, **meta)
+            q, k, v, a, b, x.A_log, x.dt_bias, rk, rq, gam, w, u, t_inv, *seq, *q.stride()[:2], *k.stride()[:2],
+            *v.stride()[:2], *a.stride(), *b.stride(), V=V, BKS=min(tuning.solve_bk, BK),
+            BD=_v_tile(tuning.fuse_bd, max(K, V)), BC=BC, SOLVE_PREC=solve_prec, SHARE=tuning.solve_share,
+            FUSE=tuning.fuse_wu, RQ=tuning.rq_first, num_warps=tuning.solve_warps, **meta)
         if not tuning.fuse_wu:
+            loop = tuning.wu_stages > 0
             gdn_chunk_wu_kernel[(n_chunks, HV)](
-                k, v, b, t_inv, gam, rk, w, u, *seq, *k.stride()[:2], *v.stride()[:2], *b.stride(), V=V, BK=BK,
-                BV=_v_tile(64, V), num_warps=tuning.wu_warps, **meta)
+                k, v, b, t_inv, gam, rk, w, u, *seq, *k.stride()[:2], *v.stride()[:2], *b.stride(), V=V,
+                BK=_v_tile(64, K) if loop else BK, BV=_v_tile(64, V), LOOP=loop, num_warps=tuning.wu_warps,
+                num_stages=max(tuning.wu_stages, 1), **meta)
     meta.update(V=V, BK=BK)
     BVs, stages = _state_tiling(tuning, V, HV * N, dev)
     gdn_chunk_state_kernel[(triton.cdiv(V, BVs), HV, N)](
         k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], BV=BVs,
-        num_warps=tuning.state_warps, num_stages=stages, **meta)
+        KB=tuning.state_kb and K <= 128, num_warps=tuning.state_warps, num_stages=stages, **meta)
     if T > 0:
         BVo = _v_tile(tuning.out_bv, V)
         gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, H)](
-            q, k, rk, gam, h, v_new, o, *seq, *q.stride()[:2], *k.stride()[:2], K ** -0.5, BV=BVo,
-            num_warps=tuning.out_warps, **meta)
+            q, k, rk, rq, gam, h, v_new, o, *seq, *q.stride()[:2], *k.stride()[:2], K ** -0.5, BV=BVo,
+            RQ=tuning.rq_first, num_warps=tuning.out_warps, **meta)
     return o

@@ -102,14 +102,61 @@ def state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new
 
 
 @triton.jit
+def state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i, o_v,
+                   m_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                   PREC: tl.constexpr):
+    """`state_chunk` with the state as two 64-row halves (K <= 128), each product split the same way: FLA's
+    chunk_delta_h form. Compiled for sm_90 its loop body has FLA's shared-memory traffic (14 16-byte stores, no
+    16-byte loads, against 22 and 8 in one [K, BV] block) and 174 registers against 220."""
+    DT = w.dtype.element_ty
+    start, n_t = chunk_bounds(j, bos, length, cut, BT)
+    o_k1 = tl.arange(0, 64)
+    o_k2 = 64 + o_k1
+    p_h = h + ((i_c0 + j) * HV + i_hv) * K * V + o_v[None, :]
+    tl.store(p_h + o_k1[:, None] * V, b_h1.to(DT), mask=(o_k1 < K)[:, None] & m_v[None, :])
+    tl.store(p_h + o_k2[:, None] * V, b_h2.to(DT), mask=(o_k2 < K)[:, None] & m_v[None, :])
+    m_t = o_i < n_t
+    p_w = w + (start * HV + i_hv) * K + o_i[:, None] * (HV * K)
+    b_w = tl.load(p_w + o_k1[None, :], mask=m_t[:, None] & (o_k1 < K)[None, :], other=0.0)
+    b_d = tl.dot(b_w, b_h1.to(DT), input_precision=PREC)
+    b_w = tl.load(p_w + o_k2[None, :], mask=m_t[:, None] & (o_k2 < K)[None, :], other=0.0)
+    b_d = tl.dot(b_w, b_h2.to(DT), b_d, input_precision=PREC)
+    p_u = (start * HV + i_hv) * V + o_i[:, None] * (HV * V) + o_v[None, :]
+    m_u = m_t[:, None] & m_v[None, :]
+    b_v = tl.load(u + p_u, mask=m_u, other=0.0) - b_d
+    tl.store(v_new + p_u, b_v.to(DT), mask=m_u)
+    b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
+    b_last = tl.load(gam + (start + n_t - 1) * HV + i_hv)
+    b_rk = tl.load(rk + start * H + i_h + o_i * H, mask=m_t, other=0.0)
+    b_v = (b_v * tl.where(m_t, tl.exp(b_last - b_gam) * b_rk, 0.0)[:, None]).to(DT)
+    b_e = tl.exp(b_last)
+    p_k = k + start * s_kt + o_i[None, :] * s_kt
+    b_kt = tl.load(p_k + o_k1[:, None], mask=(o_k1 < K)[:, None] & m_t[None, :], other=0.0)
+    b_h1 = tl.dot(b_kt, b_v, b_h1 * b_e, input_precision=PREC)
+    b_kt = tl.load(p_k + o_k2[:, None], mask=(o_k2 < K)[:, None] & m_t[None, :], other=0.0)
+    b_h2 = tl.dot(b_kt, b_v, b_h2 * b_e, input_precision=PREC)
+    return b_h1, b_h2
+
+
+@triton.jit
+def store_halves(p, b_h1, b_h2, o_v, m_v, K: tl.constexpr, V: tl.constexpr):
+    """A state tile kept as two 64-row halves, to p ([K, V] rows, the tile's columns o_v)."""
+    o_k1 = tl.arange(0, 64)
+    o_k2 = 64 + o_k1
+    tl.store(p + o_k1[:, None] * V + o_v[None, :], b_h1, mask=(o_k1 < K)[:, None] & m_v[None, :])
+    tl.store(p + o_k2[:, None] * V + o_v[None, :], b_h2, mask=(o_k2 < K)[:, None] & m_v[None, :])
+
+
+@triton.jit
 def gdn_chunk_state_kernel(
     k, rk, w, u, gam,  # k: the raw strided view [T, H, K]; rk, w, u, gam from the intra pass
     h, v_new,  # [chunks, HV, K, V], [T, HV, V] activation dtype: per-chunk start states and v_new for pass 3
     pool, cap,  # [S, HV, K, V], [N, HV, K, V] fp32
     cu_seqlens, slots, capture_at, N, s_kt, s_kh,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, KB: tl.constexpr,
 ):
+    """KB: the state as two 64-row halves (`state_chunk_kb`, K <= 128), else one [BK, BV] block."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slots + i_n).to(tl.int64)
     if slot < 0:
@@ -127,40 +174,59 @@ def gdn_chunk_state_kernel(
     c_at = tl.load(capture_at + i_n)
 
     o_i = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
     m_v = o_v < V
-    m_h = m_k[:, None] & m_v[None, :]
-    o_h = o_k[:, None] * V + o_v[None, :]
     pool += (slot * HV + i_hv) * K * V
     cap += (i_n * HV + i_hv).to(tl.int64) * K * V
-    b_h = tl.load(pool + o_h, mask=m_h, other=0.0)
-
     # the capture point is a chunk boundary (chunks restart at the cut), so the loop splits there and its body
     # carries no branch (a branch in the body would keep Triton from pipelining the loads)
-    if c_at == 0:
-        tl.store(cap + o_h, b_h, mask=m_h)
-    for j in range(0, nc1):
-        b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i, o_k,
-                          o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
-    if nc1 > 0:
-        tl.store(cap + o_h, b_h, mask=m_h)
-    for j in range(nc1, n_chunks):
-        b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i, o_k,
-                          o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
-    if (length == c_at) & (length > 0):
-        tl.store(cap + o_h, b_h, mask=m_h)
-    if length > 0:
-        tl.store(pool + o_h, b_h, mask=m_h)
+    if KB:
+        o_k1 = tl.arange(0, 64)
+        o_k2 = 64 + o_k1
+        b_h1 = tl.load(pool + o_k1[:, None] * V + o_v[None, :], mask=(o_k1 < K)[:, None] & m_v[None, :], other=0.0)
+        b_h2 = tl.load(pool + o_k2[:, None] * V + o_v[None, :], mask=(o_k2 < K)[:, None] & m_v[None, :], other=0.0)
+        if c_at == 0:
+            store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
+        for j in range(0, nc1):
+            b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new,
+                                        i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+        if nc1 > 0:
+            store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
+        for j in range(nc1, n_chunks):
+            b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new,
+                                        i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+        if (length == c_at) & (length > 0):
+            store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
+        if length > 0:
+            store_halves(pool, b_h1, b_h2, o_v, m_v, K, V)
+    else:
+        o_k = tl.arange(0, BK)
+        m_k = o_k < K
+        m_h = m_k[:, None] & m_v[None, :]
+        o_h = o_k[:, None] * V + o_v[None, :]
+        b_h = tl.load(pool + o_h, mask=m_h, other=0.0)
+        if c_at == 0:
+            tl.store(cap + o_h, b_h, mask=m_h)
+        for j in range(0, nc1):
+            b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i,
+                              o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+        if nc1 > 0:
+            tl.store(cap + o_h, b_h, mask=m_h)
+        for j in range(nc1, n_chunks):
+            b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i,
+                              o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+        if (length == c_at) & (length > 0):
+            tl.store(cap + o_h, b_h, mask=m_h)
+        if length > 0:
+            tl.store(pool + o_h, b_h, mask=m_h)
 
 
 @triton.jit
 def gdn_chunk_out_kernel(
-    q, k, rk, gam, h, v_new, o,  # q, k: the raw strided views
+    q, k, rk, rq, gam, h, v_new, o,  # q, k: the raw strided views; rq [T, H] fp32 from pass 1 (RQ)
     cu_seqlens, slots, capture_at, N, s_qt, s_qh, s_kt, s_kh, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, RQ: tl.constexpr,
 ):
     # one program per key head serves the G value heads of its group: q, k and q k^T are loaded and computed once
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -185,8 +251,13 @@ def gdn_chunk_out_kernel(
     m_tk = m_t[:, None] & m_k[None, :]
     b_q = tl.load(q + start * s_qt + i_h * s_qh + o_i[:, None] * s_qt + o_k[None, :], mask=m_tk, other=0.0)
     b_k = tl.load(k + start * s_kt + i_h * s_kh + o_i[:, None] * s_kt + o_k[None, :], mask=m_tk, other=0.0)
-    # the q and k norms enter as row and column scales of the raw products (scale / |q|, 1 / |k|)
-    b_rq = scale / tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
+    # the q and k norms enter as row and column scales of the raw products (scale / |q|, 1 / |k|). RQ: 1 / |q|
+    # from pass 1; else from the q tile here (a row reduction across the tile: 23 barriers against 17 in the
+    # sm_90 code, and the pass took 251 us at T = 16384 against 212 with a normalised q read; H200, 2026-12-03)
+    if RQ:
+        b_rq = scale * tl.load(rq + start * H + i_h + o_i * H, mask=m_t, other=0.0)
+    else:
+        b_rq = scale / tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
     b_rk = tl.load(rk + start * H + i_h + o_i * H, mask=m_t, other=0.0)
     m_inc = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
     b_s = tl.where(m_inc, tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * b_rq[:, None] * b_rk[None, :], 0.0)

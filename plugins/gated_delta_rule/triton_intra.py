@@ -189,16 +189,39 @@ def solve_head(i_hv, start, n_t, k, v, a, b, A_log, dt_bias, Ai, gam, w, u,
 
 
 @triton.jit
+def row_sq_sums(x, i0, s_xt, o_i, m_0, m_1, m_2, m_3, o_k, m_k, b_s0, b_s1, b_s2, b_s3, BC: tl.constexpr):
+    """The four 16-row blocks of the chunk's rows of x (columns o_k, x at row i0 of the chunk): each row's sum of
+    squares added to b_s0..b_s3 (fp32)."""
+    p_x = x + (i0 + o_i)[:, None] * s_xt + o_k[None, :]
+    b_x0 = tl.load(p_x, mask=m_0[:, None] & m_k, other=0.0).to(tl.float32)
+    b_x1 = tl.load(p_x + BC * s_xt, mask=m_1[:, None] & m_k, other=0.0).to(tl.float32)
+    b_x2 = tl.load(p_x + 2 * BC * s_xt, mask=m_2[:, None] & m_k, other=0.0).to(tl.float32)
+    b_x3 = tl.load(p_x + 3 * BC * s_xt, mask=m_3[:, None] & m_k, other=0.0).to(tl.float32)
+    return (b_s0 + tl.sum(b_x0 * b_x0, 1), b_s1 + tl.sum(b_x1 * b_x1, 1), b_s2 + tl.sum(b_x2 * b_x2, 1),
+            b_s3 + tl.sum(b_x3 * b_x3, 1))
+
+
+@triton.jit
+def store_rows(p, s_t, b_0, b_1, b_2, b_3, m_0, m_1, m_2, m_3, BC: tl.constexpr):
+    """The four 16-row blocks of a per-row value of the chunk (p at its first row, row stride s_t)."""
+    o_i = tl.arange(0, BC)
+    tl.store(p + o_i * s_t, b_0, mask=m_0)
+    tl.store(p + (BC + o_i) * s_t, b_1, mask=m_1)
+    tl.store(p + (2 * BC + o_i) * s_t, b_2, mask=m_2)
+    tl.store(p + (3 * BC + o_i) * s_t, b_3, mask=m_3)
+
+
+@triton.jit
 def gdn_chunk_intra_kernel(
-    k, v, a, b, A_log, dt_bias,  # strided views as in the recurrent kernel
-    rk, gam,  # [T, H] fp32: 1 / sqrt(sum k^2 + eps); [T, HV] fp32: gamma
+    q, k, v, a, b, A_log, dt_bias,  # strided views as in the recurrent kernel
+    rk, rq, gam,  # [T, H] fp32: 1 / sqrt(sum k^2 + eps), the same of q (RQ); [T, HV] fp32: gamma
     w, u,  # FUSE: [T, HV, K], [T, HV, V] activation dtype
     Ai,  # not FUSE: [T, HV, BT] activation dtype, the chunk's rows of (I + A)^-1
     cu_seqlens, slots, capture_at, N,
-    s_kt, s_kh, s_vt, s_vh, s_at, s_ah, s_bt, s_bh,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_at, s_ah, s_bt, s_bh,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BKS: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    PREC: tl.constexpr, SOLVE_PREC: tl.constexpr, SHARE: tl.constexpr, FUSE: tl.constexpr,
+    PREC: tl.constexpr, SOLVE_PREC: tl.constexpr, SHARE: tl.constexpr, FUSE: tl.constexpr, RQ: tl.constexpr,
 ):
     # SHARE: grid (chunks, H), one program computes the raw k k^T of a key head once and serves the G value heads
     # of its group; else grid (chunks, HV), one value head per program (more programs, G x the k k^T work)
@@ -256,16 +279,38 @@ def gdn_chunk_intra_kernel(
     b_r0, b_r1 = 1.0 / tl.sqrt(b_s0 + 1e-6), 1.0 / tl.sqrt(b_s1 + 1e-6)
     b_r2, b_r3 = 1.0 / tl.sqrt(b_s2 + 1e-6), 1.0 / tl.sqrt(b_s3 + 1e-6)
     if SHARE or i_x % G == 0:
-        p_r = rk + start * H + i_h + o_i * H
-        tl.store(p_r, b_r0, mask=m_0)
-        tl.store(p_r + BC * H, b_r1, mask=m_1)
-        tl.store(p_r + 2 * BC * H, b_r2, mask=m_2)
-        tl.store(p_r + 3 * BC * H, b_r3, mask=m_3)
+        store_rows(rk + start * H + i_h, H, b_r0, b_r1, b_r2, b_r3, m_0, m_1, m_2, m_3, BC)
     for g in range(0, G if SHARE else 1):
         solve_head(i_h * G + g if SHARE else i_x, start, n_t, k, v, a, b, A_log, dt_bias, Ai, gam, w, u,
                    s_kt, s_vt, s_vh, s_at, s_ah, s_bt, s_bh,
                    b_A00, b_A11, b_A22, b_A33, b_A10, b_A20, b_A21, b_A30, b_A31, b_A32, b_r0, b_r1, b_r2, b_r3,
                    HV, K, V, BT, BC, BD, PREC, SOLVE_PREC, FUSE)
+    if RQ:
+        # 1 / |q| per row for the output pass (per value head, without SHARE, the key head's first one), after
+        # the solve: issued earlier, the q tiles were live beside the ten k k^T blocks (192 B of spill stack on
+        # sm_90 against 48 B)
+        if SHARE or i_x % G == 0:
+            q += start * s_qt + i_h * s_qh
+            b_q0 = tl.zeros([BC], dtype=tl.float32)
+            b_q1 = tl.zeros([BC], dtype=tl.float32)
+            b_q2 = tl.zeros([BC], dtype=tl.float32)
+            b_q3 = tl.zeros([BC], dtype=tl.float32)
+            for i_k in tl.static_range(0, (K + BKS - 1) // BKS):
+                o_k = i_k * BKS + tl.arange(0, BKS)
+                b_q0, b_q1, b_q2, b_q3 = row_sq_sums(q, 0, s_qt, o_i, m_0, m_1, m_2, m_3, o_k, (o_k < K)[None, :],
+                                                     b_q0, b_q1, b_q2, b_q3, BC)
+            store_rows(rq + start * H + i_h, H, 1.0 / tl.sqrt(b_q0 + 1e-6), 1.0 / tl.sqrt(b_q1 + 1e-6),
+                       1.0 / tl.sqrt(b_q2 + 1e-6), 1.0 / tl.sqrt(b_q3 + 1e-6), m_0, m_1, m_2, m_3, BC)
+
+
+@triton.jit
+def wu_slice(b_A, x, s_xt, out, s_ot, o_i, m_t, b_s, o_d, D: tl.constexpr, PREC: tl.constexpr):
+    """Columns o_d of T diag(b_s) x -> out (rows o_i of the chunk, m_t live): one [BT, BD] slice of w or u."""
+    DT = out.dtype.element_ty
+    m = m_t[:, None] & (o_d < D)[None, :]
+    b_x = tl.load(x + o_i[:, None] * s_xt + o_d[None, :], mask=m, other=0.0)
+    b_x = (b_x.to(tl.float32) * b_s[:, None]).to(DT)
+    tl.store(out + o_i[:, None] * s_ot + o_d[None, :], tl.dot(b_A, b_x, input_precision=PREC).to(DT), mask=m)
 
 
 @triton.jit
@@ -277,16 +322,18 @@ def gdn_chunk_wu_kernel(
     s_kt, s_kh, s_vt, s_vh, s_bt, s_bh,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+    LOOP: tl.constexpr,
 ):
     """w = T diag(beta e^gamma / |k|) k, u = T diag(beta) v with T read back from the intra pass (grid chunks x
-    HV): the unfused second half of the first pass."""
+    HV): the unfused second half of the first pass. K in one BK tile and V in BV slices, unrolled; LOOP: both in
+    BK / BV slices of a runtime loop, which Triton software-pipelines with the launch's num_stages (FLA's form:
+    its recompute_w_u took 161 us at T = 16384 against our 194, H200, 2026-12-03)."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
         return
     if tl.load(slots + i_n) < 0:
         return
-    DT = w.dtype.element_ty
     i_h = i_hv // (HV // H)
     o_i = tl.arange(0, BT)
     m_t = o_i < n_t
@@ -294,20 +341,22 @@ def gdn_chunk_wu_kernel(
                                               other=0.0).to(tl.float32)), 0.0)
     b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
     b_rk = tl.load(rk + start * H + i_h + o_i * H, mask=m_t, other=0.0)
-    m_A = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
-    b_A = tl.load(Ai + (start * HV + i_hv) * BT + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_A, other=0.0)
-
-    o_k = tl.arange(0, BK)
-    m_tk = m_t[:, None] & (o_k < K)[None, :]
-    b_k = tl.load(k + start * s_kt + i_h * s_kh + o_i[:, None] * s_kt + o_k[None, :], mask=m_tk, other=0.0)
-    b_x = (b_k.to(tl.float32) * (b_beta * tl.exp(b_gam) * b_rk)[:, None]).to(DT)
-    tl.store(w + (start * HV + i_hv) * K + o_i[:, None] * (HV * K) + o_k[None, :],
-             tl.dot(b_A, b_x, input_precision=PREC).to(DT), mask=m_tk)
+    # whole rows of T (16-byte loads; with the triangular mask in the load the sm_90 code had 16 two-byte loads per
+    # thread), the part above the diagonal, which the solve never writes, zeroed after
+    b_A = tl.load(Ai + (start * HV + i_hv) * BT + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None],
+                  other=0.0)
+    b_A = tl.where(o_i[:, None] >= o_i[None, :], b_A, 0.0)
+    b_sk = b_beta * tl.exp(b_gam) * b_rk
+    k += start * s_kt + i_h * s_kh
+    w += (start * HV + i_hv) * K
     v += start * s_vt + i_hv * s_vh
     u += (start * HV + i_hv) * V
-    for i_v in tl.static_range(0, (V + BV - 1) // BV):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_u = m_t[:, None] & (o_v < V)[None, :]
-        b_v = tl.load(v + o_i[:, None] * s_vt + o_v[None, :], mask=m_u, other=0.0).to(tl.float32)
-        tl.store(u + o_i[:, None] * (HV * V) + o_v[None, :],
-                 tl.dot(b_A, (b_v * b_beta[:, None]).to(DT), input_precision=PREC).to(DT), mask=m_u)
+    if LOOP:
+        for i_k in tl.range(0, (K + BK - 1) // BK):
+            wu_slice(b_A, k, s_kt, w, HV * K, o_i, m_t, b_sk, i_k * BK + tl.arange(0, BK), K, PREC)
+        for i_v in tl.range(0, (V + BV - 1) // BV):
+            wu_slice(b_A, v, s_vt, u, HV * V, o_i, m_t, b_beta, i_v * BV + tl.arange(0, BV), V, PREC)
+    else:
+        wu_slice(b_A, k, s_kt, w, HV * K, o_i, m_t, b_sk, tl.arange(0, BK), K, PREC)
+        for i_v in tl.static_range(0, (V + BV - 1) // BV):
+            wu_slice(b_A, v, s_vt, u, HV * V, o_i, m_t, b_beta, i_v * BV + tl.arange(0, BV), V, PREC)

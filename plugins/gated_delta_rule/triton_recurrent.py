@@ -21,6 +21,85 @@ def softplus(x):
 
 
 @triton.jit
+def one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, p_s, p_A, p_dt, scale, i_v, o_k, m_k,
+                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, SUB: tl.constexpr,
+                       STAGES: tl.constexpr, STASH: tl.constexpr, LOAD_HINT: tl.constexpr, STORE_HINT: tl.constexpr):
+    """A one-token sequence's step over the program's BV columns as BV / SUB sub-tiles [K, SUB] in a runtime loop
+    that Triton software-pipelines (`STAGES`: the state loads of the next sub-tiles go to shared memory by
+    cp.async while this one is reduced, updated and stored), so the program keeps state loads in flight through
+    its compute and stores. The token's scalars (gates, norms, k.q) are computed once, not per sub-tile.
+    Scalar pointers at the token's row and head: p_v, p_o at the program's first column, pool / p_s at the
+    (sequence, head) state / stash row."""
+    b_q = tl.load(p_q + o_k, mask=m_k, other=0.0).to(tl.float32)
+    b_k = tl.load(p_k + o_k, mask=m_k, other=0.0).to(tl.float32)
+    b_A = -tl.exp(tl.load(p_A).to(tl.float32))
+    b_e = tl.exp(b_A * softplus(tl.load(p_a).to(tl.float32) + tl.load(p_dt).to(tl.float32)))
+    b_beta = tl.sigmoid(tl.load(p_b).to(tl.float32))
+    b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+    b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
+    b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
+    b_kn = b_k * b_rk
+    b_ek = b_e * b_rk  # v_new = beta (v - e r_k S^T k)
+    b_eq = b_e * b_rq  # o = e r_q S^T q + (k.q) r_k r_q v_new
+    for i_s in tl.range(0, BV // SUB, num_stages=STAGES):
+        o_s = i_s * SUB + tl.arange(0, SUB)
+        m_s = i_v * BV + o_s < V
+        o_hs = o_k[:, None] * V + i_v * BV + o_s[None, :]
+        m_hs = m_k[:, None] & m_s[None, :]
+        b_h = tl.load(pool + o_hs, mask=m_hs, other=0.0, eviction_policy=LOAD_HINT)
+        b_hk = tl.sum(b_h * b_k[:, None], 0)
+        b_hq = tl.sum(b_h * b_q[:, None], 0)
+        b_v = b_beta * (tl.load(p_v + o_s, mask=m_s, other=0.0).to(tl.float32) - b_ek * b_hk)
+        tl.store(p_o + o_s, (b_eq * b_hq + b_kq * b_v).to(p_o.dtype.element_ty), mask=m_s)
+        b_h = b_e * b_h + b_kn[:, None] * b_v[None, :]
+        if STASH:
+            tl.store(p_s + o_hs, b_h, mask=m_hs, cache_modifier=STORE_HINT)
+        else:
+            tl.store(pool + o_hs, b_h, mask=m_hs, cache_modifier=STORE_HINT)
+
+
+@triton.jit
+def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o_k, m_k, o_c, m_c, o_h, m_h,
+                s_qt, s_kt, s_vt, s_at, s_bt, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                STASH: tl.constexpr, STORE_HINT: tl.constexpr):
+    """The sequence's n_t tokens through the state tile b_h [BK, columns]: o_c are the tile's columns relative to
+    p_v / p_o (scalar pointers at the first token's row, head and first column of the program), o_h its offsets
+    in a [K, V] state; the tile after each token goes to the stash (STASH). Returns the tile after the last."""
+    b_A = -tl.exp(tl.load(p_A).to(tl.float32))
+    b_dt = tl.load(p_dt).to(tl.float32)
+    for _ in range(0, n_t):
+        b_q = tl.load(p_q + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_k = tl.load(p_k + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_v = tl.load(p_v + o_c, mask=m_c, other=0.0).to(tl.float32)
+        b_g = b_A * softplus(tl.load(p_a).to(tl.float32) + b_dt)
+        b_beta = tl.sigmoid(tl.load(p_b).to(tl.float32))
+        # every reduction over K reads the raw q, k and the state as loaded, so the five run side by side and the
+        # norms enter afterwards as scalars (the chain from the state load to the stores is one reduction deep):
+        # with e = exp(g), S' = e S + k_n v_new^T, v_new = beta (v - e S^T k_n), o = S'^T q_n
+        #   = e (S^T q) r_q + (k . q) r_k r_q v_new, r_k = 1 / |k|, r_q = scale / |q| (eps inside the sqrt)
+        b_hk = tl.sum(b_h * b_k[:, None], 0)
+        b_hq = tl.sum(b_h * b_q[:, None], 0)
+        b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+        b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
+        b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
+        b_e = tl.exp(b_g)
+        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+        b_h = b_e * b_h + (b_k * b_rk)[:, None] * b_v[None, :]
+        b_o = b_e * b_rq * b_hq + b_kq * b_v
+        tl.store(p_o + o_c, b_o.to(p_o.dtype.element_ty), mask=m_c)
+        if STASH:
+            tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
+            p_s += HV * K * V
+        p_q += s_qt
+        p_k += s_kt
+        p_v += s_vt
+        p_a += s_at
+        p_b += s_bt
+        p_o += HV * V
+    return b_h
+
+
+@triton.jit
 def gdn_recurrent_kernel(
     q, k, v, a, b, A_log, dt_bias,  # q, k [T, H, K]; v [T, HV, V]; a, b [T, HV]: strided views
     o,  # [T, HV, V] contiguous, activation dtype
@@ -31,6 +110,7 @@ def gdn_recurrent_kernel(
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, STASH: tl.constexpr, STREAM: tl.constexpr,
+    SUB: tl.constexpr = 0, SUB_STAGES: tl.constexpr = 3,
 ):
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -54,51 +134,40 @@ def gdn_recurrent_kernel(
     if eos == bos:
         return  # no tokens (a verify row without drafts): the state stays as it is
 
-    o_h = o_k[:, None] * V + o_v[None, :]
     pool += (slot * HV + i_hv) * K * V
     # STREAM: the state tile (and each stash row) is touched once per launch: evict-first loads and streaming
     # stores keep it from evicting the small operands from L2 (+6 pp of copy bandwidth at N=256, bench sweep)
     LOAD_HINT: tl.constexpr = "evict_first" if STREAM else ""
     STORE_HINT: tl.constexpr = ".cs" if STREAM else ""
-    b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
-
-    b_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-    b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
-    p_q = q + bos * s_qt + i_h * s_qh + o_k
-    p_k = k + bos * s_kt + i_h * s_kh + o_k
-    p_v = v + bos * s_vt + i_hv * s_vh + o_v
+    p_q = q + bos * s_qt + i_h * s_qh
+    p_k = k + bos * s_kt + i_h * s_kh
+    p_v = v + bos * s_vt + i_hv * s_vh + i_v * BV
     p_a = a + bos * s_at + i_hv * s_ah
     p_b = b + bos * s_bt + i_hv * s_bh
+    p_o = o + (bos * HV + i_hv) * V + i_v * BV
     p_s = stash + (bos * HV + i_hv) * K * V
-    for _ in range(bos, eos):
-        b_q = tl.load(p_q, mask=m_k, other=0.0).to(tl.float32)
-        b_k = tl.load(p_k, mask=m_k, other=0.0).to(tl.float32)
-        b_v = tl.load(p_v, mask=m_v, other=0.0).to(tl.float32)
-        b_g = b_A * softplus(tl.load(p_a).to(tl.float32) + b_dt)
-        b_beta = tl.sigmoid(tl.load(p_b).to(tl.float32))
-        # every reduction over K reads the raw q, k and the state as loaded, so the five run side by side and the
-        # norms enter afterwards as scalars (the chain from the state load to the stores is one reduction deep):
-        # with e = exp(g), S' = e S + k_n v_new^T, v_new = beta (v - e S^T k_n), o = S'^T q_n
-        #   = e (S^T q) r_q + (k . q) r_k r_q v_new, r_k = 1 / |k|, r_q = scale / |q| (eps inside the sqrt)
-        b_hk = tl.sum(b_h * b_k[:, None], 0)
-        b_hq = tl.sum(b_h * b_q[:, None], 0)
-        b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-        b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
-        b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
-        b_e = tl.exp(b_g)
-        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
-        b_h = b_e * b_h + (b_k * b_rk)[:, None] * b_v[None, :]
-        b_o = b_e * b_rq * b_hq + b_kq * b_v
-        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_v)
-        if STASH:
-            tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
-            p_s += HV * K * V
-
-        p_q += s_qt
-        p_k += s_kt
-        p_v += s_vt
-        p_a += s_at
-        p_b += s_bt
-        p_o += HV * V
+    if SUB > 0:
+        # the program's BV columns as BV / SUB sub-tiles (registers for one [K, SUB] tile only)
+        if eos - bos == 1:
+            one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, p_s, A_log + i_hv, dt_bias + i_hv, scale, i_v,
+                               o_k, m_k, K, V, BV, SUB, SUB_STAGES, STASH, LOAD_HINT, STORE_HINT)
+        else:
+            for i_s in range(0, BV // SUB):
+                o_s = i_s * SUB + tl.arange(0, SUB)
+                m_s = i_v * BV + o_s < V
+                o_hs = o_k[:, None] * V + i_v * BV + o_s[None, :]
+                m_hs = m_k[:, None] & m_s[None, :]
+                b_h = tl.load(pool + o_hs, mask=m_hs, other=0.0, eviction_policy=LOAD_HINT)
+                b_h = token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, A_log + i_hv, dt_bias + i_hv, scale,
+                                  eos - bos, o_k, m_k, o_s, m_s, o_hs, m_hs, s_qt, s_kt, s_vt, s_at, s_bt,
+                                  HV, K, V, STASH, STORE_HINT)
+                if not STASH:
+                    tl.store(pool + o_hs, b_h, mask=m_hs, cache_modifier=STORE_HINT)
+        return
+    o_c = tl.arange(0, BV)
+    o_h = o_k[:, None] * V + o_v[None, :]
+    b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
+    b_h = token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, A_log + i_hv, dt_bias + i_hv, scale, eos - bos,
+                      o_k, m_k, o_c, m_v, o_h, m_h, s_qt, s_kt, s_vt, s_at, s_bt, HV, K, V, STASH, STORE_HINT)
     if not STASH:
         tl.store(pool + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
