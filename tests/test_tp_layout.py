@@ -222,3 +222,16 @@ def test_exporting_a_rank_layer_is_refused(folders, monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
     with pytest.raises(TpError, match="exporting a rank's layer is not built yet"):
         layer.run(LayerMode.DECODE, StepInput(x, Packing.build([1], [0]), torch.zeros_like(x)), state)
+
+
+@pytest.mark.parametrize("name", TP_PRESETS)
+def test_a_rank_reads_no_sharded_tensor_whole(folders, name, monkeypatch):
+    """The sharded tensors are read through safetensors slices (`_Tensors.part`), never whole (`_Tensors.get`)."""
+    from gdn_trt.model import checkpoint as C
+
+    whole, get = [], C._Tensors.get
+    monkeypatch.setattr(C._Tensors, "get", lambda self, n, integer=False: whole.append(n) or get(self, n, integer))
+    load_checkpoint(folders[name] / "ckpt", Shard(4, 3))
+    sharded = ("in_proj", "conv1d", "A_log", "dt_bias", "out_proj", "mlp.")
+    assert any(n.endswith("norm.weight") for n in whole)  # the replicated parts are read whole
+    assert not [n for n in whole if any(s in n for s in sharded) and "ple." not in n]
