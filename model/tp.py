@@ -123,7 +123,7 @@ def in_proj_rows(cfg: GdnConfig, shard: Shard) -> Tensor:
 
 
 def value_heads(cfg: GdnConfig, shard: Shard) -> slice:
-    """The whole model's value heads that rank `shard` holds (its rows of A_log, dt_bias and of the state [HV, K, V])."""
+    """The whole model's value heads that rank `shard` holds (its rows of A_log, dt_bias and the state [HV, K, V])."""
     return slice(*shard.part(cfg.linear_num_value_heads))
 
 

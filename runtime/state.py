@@ -21,9 +21,10 @@ The CRC catches accidents only: anyone can re-seal a blob. So `decode` trusts no
 built it checks the header length against what this pool's header can be, parses the header as strict JSON (UTF-8,
 no duplicate keys, no NaN literals, any nesting error a `SnapshotError`), and checks it against an exact schema:
 the key sets, the types (a JSON `true` is not an int), the position range 0..2**62, the tp size and rank, the config
-hash, the weights digest, the layout and every tensor entry equal to this pool's, the payload size. Then the values: every float of
-the state finite and every PLE id carry inside the vocabulary. Every failure is a `SnapshotError` and nothing of
-the pool is read or written, so `Session.restore` takes a slot only for a blob that will restore.
+hash, the weights digest, the layout and every tensor entry equal to this pool's, the payload size. Then the
+values: every float of the state finite and every PLE id carry inside the vocabulary. Every failure is a
+`SnapshotError` and nothing of the pool is read or written, so `Session.restore` takes a slot only for a blob that
+will restore.
 """
 
 from __future__ import annotations

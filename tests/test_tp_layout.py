@@ -1,8 +1,9 @@
 """What a tensor-parallel rank holds, in one process: its weights read from the checkpoint files equal what vLLM's
-loaders put on that rank (their rules written out here from vLLM's `GatedDeltaNetAttention`, `MergedColumnParallelLinear`,
-`RowParallelLinear`, `mamba_v2_sharded_weight_loader` and `sharded_weight_loader`, applied to the raw HF tensors),
-its adapters are cut as the parallel LoRA layers cut them and merge like the whole model's, and every size or rank
-that does not fit is refused with the valid sizes named, before anything is read or run."""
+loaders put on that rank (their rules written out here from vLLM's `GatedDeltaNetAttention`,
+`MergedColumnParallelLinear`, `RowParallelLinear`, `mamba_v2_sharded_weight_loader` and `sharded_weight_loader`,
+applied to the raw HF tensors), the sharded tensors are read as slices, never whole, its adapters are cut as the
+parallel LoRA layers cut them and merge like the whole model's, and every size or rank that does not fit is refused
+with the valid sizes named, before anything is read or run."""
 
 from __future__ import annotations
 
@@ -192,7 +193,8 @@ def test_rank_configs_hash_apart_and_whole_models_hash_as_before():
         d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
              if f.compare and f.name not in ("tp_size", "tp_rank")}
         d["family"] = cfg.family.value
-        assert cfg.config_hash() == hashlib.sha256(json.dumps(d, sort_keys=True, default=list).encode()).hexdigest()[:16]
+        before = hashlib.sha256(json.dumps(d, sort_keys=True, default=list).encode()).hexdigest()[:16]
+        assert cfg.config_hash() == before
         ranks = [shard_config(cfg, Shard(n, r)) for n in (2, 4) for r in range(n)]
         assert len({c.config_hash() for c in ranks} | {cfg.config_hash()}) == len(ranks) + 1
         assert all(full_config(c) == cfg for c in ranks)
