@@ -200,7 +200,7 @@ class GdnLayer(nn.Module):
 
     def _forward(self, step: StepInput, io: _Io) -> StepOutput:
         cfg, fused = self.cfg, self._fused(step.x)
-        host = self._host_reduces()  # the layer's last reduction is the host's: its output is this rank's share
+        host = self._host_reduces()  # the host does the layer's last reduction: the output is this rank's share
         if not cfg.is_hc:
             h, residual = self._add_norm(step.x, step.residual, self.norms.input_norm, fused)
             y = self._mixer(h, io, fused)
@@ -212,9 +212,9 @@ class GdnLayer(nn.Module):
         if self.ple is not None:
             adds = self._ple(streams, step.ple_rows, io, fused)
         mixer = lambda h: self._mixer(h, io, fused)  # noqa: E731
-        out = self._hc_sublayer(streams, adds, self.attn_hc, mixer, (fused, host and self.mlp is None))
+        out = self._hc_sublayer(streams, adds, self.attn_hc, mixer, fused, host and self.mlp is None)
         if self.mlp is not None:
-            out = self._hc_sublayer(out.x, (), self.mlp_hc, lambda h: self._mlp(h, io, fused), (fused, host))
+            out = self._hc_sublayer(out.x, (), self.mlp_hc, lambda h: self._mlp(h, io, fused), fused, host)
         return out
 
     def _host_reduces(self) -> bool:
@@ -261,14 +261,14 @@ class GdnLayer(nn.Module):
             act = F.silu(gate) * up
         return self._reduce(io.adapt(F.linear(act, self.mlp.down), act, self._by_proj[Proj.DOWN]), True)
 
-    def _hc_sublayer(self, streams: Tensor, adds: tuple[Tensor, ...], hc: _Part, sublayer,
-                     how: tuple[bool, bool]) -> StepOutput:
+    def _hc_sublayer(self, streams: Tensor, adds: tuple[Tensor, ...], hc: _Part, sublayer, fused: bool,
+                     partial: bool = False) -> StepOutput:
         """Qwen4-Exp gated residual around one sublayer (docs/math.md#qwen4-exp-gated-residual-hc), after adding `adds` (the PLE
-        output) to the streams: `StepOutput(streams)`. `how` = (fused, partial); partial (a tp rank whose host
-        reduces the sublayer's output): `StepOutput(this rank's write-gated delta, the streams)`, whose delta summed
-        over the ranks plus the streams is the output. Fused: four kernels (norm with the adds and the inject
+        output) to the streams: `StepOutput(streams)`; `partial` (a tp rank whose host reduces the sublayer's
+        output): `StepOutput(this rank's write-gated delta, the streams)`, whose delta summed over the ranks plus the
+        streams is the output. Fused: four kernels (norm with the adds and the inject
         logits, the low-rank silu, the mix, the inject) around the two low-rank GEMMs."""
-        (fused, partial), n, C, eps = how, self.cfg.hc_count, self.cfg.hidden_size, self.cfg.rms_norm_eps
+        n, C, eps = self.cfg.hc_count, self.cfg.hidden_size, self.cfg.rms_norm_eps
         if fused:
             hn, streams, logits = glue.hc_norm(streams, adds, hc.norm, hc.inject, eps)
             x = glue.hc_mix(hn, F.linear(glue.silu_div(F.linear(hn, hc.down), n), hc.up), n)
