@@ -13,6 +13,7 @@ import sys
 from gdn_trt.export import cli as export_cli
 from gdn_trt.model.config import GdnConfig, preset
 from gdn_trt.model.lora import LoraLimits
+from gdn_trt.model.tp import TpError
 from gdn_trt.runtime.budget import BudgetError, RuntimeLimits, budget, parse_bytes
 
 
@@ -30,6 +31,7 @@ def register_budget(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-graphs", action="store_true", help="budget without CUDA-graph buckets")
     p.add_argument("--lora-slots", type=int, default=0, help="per-sequence LoRA adapter slots (0 = none)")
     p.add_argument("--lora-rank", type=int, default=LoraLimits.max_rank, help="rank of every LoRA slot")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: the budget of one of its ranks")
     p.add_argument("--device-memory", default=None,
                    help="budget to check against, e.g. 80GiB (exit 1 naming the limit to lower if it does not fit)")
     p.set_defaults(func=_budget)
@@ -42,7 +44,11 @@ def _budget(args: argparse.Namespace) -> int:
         cfg = GdnConfig.from_hf(os.path.join(args.checkpoint, "config.json"), name=os.path.basename(args.checkpoint))
     lora = LoraLimits(args.lora_slots, args.lora_rank) if args.lora_slots else None
     limits = RuntimeLimits(args.max_seqs, args.max_prefill_tokens, args.max_draft, (), args.ple_cache_rows, lora)
-    need = budget(cfg, limits, args.dtype or cfg.dtype, graphs=not args.no_graphs)
+    try:
+        need = budget(cfg, limits, args.dtype or cfg.dtype, graphs=not args.no_graphs, tp=args.tp)
+    except TpError as e:
+        print(f"gdn-trt budget: {e}", file=sys.stderr)
+        return 2
     print(need.table())
     if args.device_memory:
         try:

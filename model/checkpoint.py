@@ -21,9 +21,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from .config import Family, GdnConfig, preset
+from .config import Family, GdnConfig, Shard, preset
 from .dtypes import ACTIVATION_DTYPES, DTYPES
 from .ngram import NgramTable
+from .tp import qkv_spans, shard_config
 from .weights import HcWeights, LayerWeights, MixerWeights, MlpWeights, PleWeights, dtype_problem
 
 log = logging.getLogger("gdn_trt.model")
@@ -168,12 +169,28 @@ class _Tensors:
     def get(self, name: str, integer: bool = False) -> Tensor:
         """The tensor, refused (naming file and tensor) unless it is floating point (`integer`: an integer hash
         constant) and, for floats, finite."""
+        path, full = self._where(name)
+        with safe_open(path, "pt") as h:
+            t = h.get_tensor(full)
+        return self._checked(path, full, t, integer)
+
+    def part(self, name: str, spans: list[tuple[int, int]], dim: int = 0) -> Tensor:
+        """The rows (`dim` 0) or columns (`dim` 1) [a, b) of each span, concatenated in order: only those bytes are
+        read from the file (a tensor-parallel rank's share, `model/tp.py`); checked as `get` checks."""
+        path, full = self._where(name)
+        with safe_open(path, "pt") as h:
+            sl = h.get_slice(full)
+            t = torch.cat([sl[a:b] if dim == 0 else sl[:, a:b] for a, b in spans], dim)
+        return self._checked(path, full, t, False)
+
+    def _where(self, name: str) -> tuple[Path, str]:
         full = self.prefix + name
         if full not in self.files:
             raise KeyError(f"checkpoint has no tensor {full!r}")
-        path = self.files[full]
-        with safe_open(path, "pt") as h:
-            t = h.get_tensor(full)
+        return self.files[full], full
+
+    @staticmethod
+    def _checked(path: Path, full: str, t: Tensor, integer: bool) -> Tensor:
         why = dtype_problem(t, integer)
         if why is not None:
             raise ValueError(f"{path}: tensor {full} is {str(t.dtype).replace('torch.', '')}; {why}")
@@ -185,14 +202,18 @@ class _Tensors:
         return t
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read an HF checkpoint directory of Qwen3-Next, Qwen3.5 or Qwen4-Exp into internal-layout layer weights."""
+def load_checkpoint(path: str | Path, shard: Shard | None = None) -> Checkpoint:
+    """Read an HF checkpoint directory of Qwen3-Next, Qwen3.5 or Qwen4-Exp into internal-layout layer weights.
+    With `shard`, only tensor-parallel rank `shard.rank` of `shard.size`: the config is the rank's
+    (`tp.shard_config`) and only the rank's rows and columns are read from the files (`model/tp.py`)."""
     root = Path(path)
     if not (root / "config.json").exists():
         raise FileNotFoundError(f"{root}: no config.json (expected an HF checkpoint directory)")
-    cfg = GdnConfig.from_hf(root / "config.json", name=root.name)
+    full = GdnConfig.from_hf(root / "config.json", name=root.name)
+    shard = shard or Shard()
+    cfg = shard_config(full, shard)
     ts = _Tensors(root)
-    layers = [_load_layer(cfg, ts, i) for i in cfg.gdn_layer_ids]
+    layers = [_load_layer(full, ts, i, shard) for i in cfg.gdn_layer_ids]
     stored = sorted({str(t.dtype).replace("torch.", "") for lw in layers for t in lw.named_tensors().values()
                      if t.dtype.is_floating_point} - {cfg.dtype})
     if stored:
@@ -202,21 +223,37 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(cfg, layers, tables, root)
 
 
-def _load_layer(cfg: GdnConfig, ts: _Tensors, i: int) -> LayerWeights:
+def _load_layer(cfg: GdnConfig, ts: _Tensors, i: int, shard: Shard) -> LayerWeights:
+    """Layer i of the whole model `cfg`, or rank `shard`'s part of it (only its rows and columns are read)."""
     p = f"layers.{i}."
     la = p + "linear_attn."
-    if cfg.family is Family.QWEN3_NEXT:
-        q, k, v, z = deinterleave_qkvz(ts.get(la + "in_proj_qkvz.weight"), cfg)
-        b, a = deinterleave_ba(ts.get(la + "in_proj_ba.weight"), cfg)
+    rank = shard_config(cfg, shard)
+    whole = shard.size == 1
+
+    def rows(name: str, spans: list[tuple[int, int]]) -> Tensor:
+        return ts.get(name) if whole else ts.part(name, spans)
+
+    def cols(name: str, n: int) -> Tensor:
+        return ts.get(name) if whole else ts.part(name, [shard.part(n)], dim=1)
+
+    HV, vd = cfg.linear_num_value_heads, cfg.value_dim
+    if cfg.family is Family.QWEN3_NEXT:  # a rank's key-head groups are contiguous rows (docs/math.md)
+        q, k, v, z = deinterleave_qkvz(rows(la + "in_proj_qkvz.weight", [shard.part(cfg.conv_dim + vd)]), rank)
+        b, a = deinterleave_ba(rows(la + "in_proj_ba.weight", [shard.part(2 * HV)]), rank)
         in_proj = torch.cat([q, k, v, z, b, a])
     else:
-        in_proj = torch.cat([ts.get(la + f"in_proj_{n}.weight") for n in ("qkv", "z", "b", "a")])
-    mixer = MixerWeights(in_proj, ts.get(la + "conv1d.weight").squeeze(1), ts.get(la + "dt_bias"),
-                         ts.get(la + "A_log"), ts.get(la + "norm.weight"), ts.get(la + "out_proj.weight"))
+        in_proj = torch.cat([rows(la + "in_proj_qkv.weight", qkv_spans(cfg, shard)),
+                             rows(la + "in_proj_z.weight", [shard.part(vd)]),
+                             rows(la + "in_proj_b.weight", [shard.part(HV)]),
+                             rows(la + "in_proj_a.weight", [shard.part(HV)])])
+    mixer = MixerWeights(in_proj, rows(la + "conv1d.weight", qkv_spans(cfg, shard)).squeeze(1),
+                         rows(la + "dt_bias", [shard.part(HV)]), rows(la + "A_log", [shard.part(HV)]),
+                         ts.get(la + "norm.weight"), cols(la + "out_proj.weight", vd))
     lw = LayerWeights(i, mixer)
     if cfg.has_mlp(i):
-        lw.mlp = MlpWeights(torch.cat([ts.get(p + "mlp.gate_proj.weight"), ts.get(p + "mlp.up_proj.weight")]),
-                            ts.get(p + "mlp.down_proj.weight"))
+        mlp = [shard.part(cfg.intermediate_size)]
+        lw.mlp = MlpWeights(torch.cat([rows(p + "mlp.gate_proj.weight", mlp), rows(p + "mlp.up_proj.weight", mlp)]),
+                            cols(p + "mlp.down_proj.weight", cfg.intermediate_size))
     if cfg.is_hc:
         lw.attn_hc = _load_hc(ts, p + "attn_hyper_connection.")
         if cfg.has_mlp(i):
@@ -227,7 +264,7 @@ def _load_layer(cfg: GdnConfig, ts: _Tensors, i: int) -> LayerWeights:
             lw.post_norm = ts.get(p + "post_attention_layernorm.weight")
     if cfg.has_ple(i):
         lw.ple = _load_ple(cfg, ts, i)
-    lw.check(cfg)
+    lw.check(rank)
     return lw
 
 

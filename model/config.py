@@ -41,6 +41,27 @@ _GATE_ACTS = ("silu", "sigmoid")
 
 
 @dataclass(frozen=True)
+class Shard:
+    """Tensor-parallel rank `rank` of `size` (`model/tp.py` cuts configs, weights and adapters by it)."""
+
+    size: int = 1
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        if type(self.size) is not int or type(self.rank) is not int or self.size < 1 \
+                or not 0 <= self.rank < self.size:
+            raise ValueError(f"Shard needs an integer size >= 1 and a rank in 0..size-1, got rank {self.rank!r} of "
+                             f"{self.size!r}")
+
+    def part(self, n: int) -> tuple[int, int]:
+        """[start, stop) of this rank's equal share of n rows (n a multiple of size)."""
+        if n % self.size:
+            raise ValueError(f"{n} rows do not split into {self.size} equal shares")
+        k = n // self.size
+        return self.rank * k, (self.rank + 1) * k
+
+
+@dataclass(frozen=True)
 class GdnConfig:
     """The fields of one model's GDN layers; every shape the project uses is derived here.
 
@@ -49,6 +70,12 @@ class GdnConfig:
     exported mixer-only (its MoE runs elsewhere). `hc_count == 1` means the plain residual (Qwen3-Next,
     Qwen3.5); `hc_count > 1` is Qwen4-Exp's gated residual over `hc_count` streams. `ple_layer_ids` is one-indexed,
     as in HF.
+
+    `tp_size > 1` makes the config one tensor-parallel rank's view of the model (`model/tp.py`: `shard_config`):
+    the head counts and `intermediate_size` are then that rank's (the model's divided by `tp_size`), so every shape
+    derived here (projections, conv channels, pools, stashes, captures) is the rank's. The rank enters the hash, so
+    anything keyed on it (plans, adapters, snapshots) tells the ranks apart; a whole model (tp_size 1) hashes as
+    it did before tensor parallelism existed.
     """
 
     family: Family
@@ -77,6 +104,8 @@ class GdnConfig:
     vocab_size: int = 151_936
     eos_token_id: int = 151_645
     dtype: str = "bfloat16"
+    tp_size: int = 1
+    tp_rank: int = 0
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -112,6 +141,8 @@ class GdnConfig:
             need(self.ple_embed_dim % self.ple_heads == 0,
                  f"ple_embed_dim ({self.ple_embed_dim}) must be a multiple of the {self.ple_heads} n-gram heads")
         need(self.dtype in ("bfloat16", "float16", "float32"), f"unsupported dtype {self.dtype}")
+        need(type(self.tp_size) is int and type(self.tp_rank) is int and 0 <= self.tp_rank < self.tp_size,
+             f"tp_rank must be in 0..tp_size-1 (integers), got rank {self.tp_rank!r} of {self.tp_size!r}")
 
     # ---- derived sizes (the one shape authority) ----
     @property
@@ -197,10 +228,17 @@ class GdnConfig:
     def has_mlp(self, layer_idx: int) -> bool:
         return layer_idx in self.dense_mlp_layers
 
+    @property
+    def shard(self) -> "Shard":
+        """Which tensor-parallel rank this config is the view of (`Shard()` for a whole model)."""
+        return Shard(self.tp_size, self.tp_rank)
+
     def config_hash(self) -> str:
         """Stable hash of every field that changes weights, shapes or numerics (not the display name)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
         d["family"] = self.family.value
+        if self.tp_size == 1:  # a whole model keeps the hash it had before tensor parallelism
+            del d["tp_size"], d["tp_rank"]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> "GdnConfig":
@@ -235,6 +273,9 @@ class GdnConfig:
 
     def to_hf(self) -> dict:
         """An HF `config.json` of this family (text config; Qwen3.5 and Qwen4-Exp wrapped like the hub's)."""
+        if self.tp_size > 1:
+            raise ValueError(f"GdnConfig({self.name}) is rank {self.tp_rank} of tp={self.tp_size}, whose head counts "
+                             "are the rank's: write the whole model's config (model.tp.full_config) instead")
         text: dict[str, Any] = {
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_layers,
@@ -441,6 +482,22 @@ PRESETS: dict[str, GdnConfig] = {
     "tiny-4exp": GdnConfig(
         family=Family.QWEN4_EXP, name="tiny-4exp", hidden_size=32, layer_types=_hybrid(4),
         linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=12, linear_value_head_dim=8,
+        output_gate_type="sigmoid", hc_count=4, hc_lowrank=8, ple_layer_ids=(2,), ple_embed_dim=32,
+        heads_per_ngram=2, ngram_vocab_size_base=97, make_ngram_vocab_size_divisible_by=8, vocab_size=1000,
+        eos_token_id=999, dtype="float32"),
+    # small tensor-parallel test presets: H = 4 key heads, so tp = 2 and 4 both divide every sharded size
+    "tiny-next-tp": GdnConfig(
+        family=Family.QWEN3_NEXT, name="tiny-next-tp", hidden_size=48, layer_types=_hybrid(4),
+        linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=16, linear_value_head_dim=12,
+        intermediate_size=64, dense_mlp_layers=(1,), vocab_size=1000, eos_token_id=999, dtype="float32"),
+    "tiny-3.5-tp": GdnConfig(
+        family=Family.QWEN3_5, name="tiny-3.5-tp", hidden_size=40, layer_types=_hybrid(4),
+        linear_num_key_heads=4, linear_num_value_heads=12, linear_key_head_dim=8, linear_value_head_dim=12,
+        intermediate_size=56, dense_mlp_layers=tuple(range(4)), vocab_size=1000, eos_token_id=999,
+        dtype="float32"),
+    "tiny-4exp-tp": GdnConfig(
+        family=Family.QWEN4_EXP, name="tiny-4exp-tp", hidden_size=32, layer_types=_hybrid(4),
+        linear_num_key_heads=4, linear_num_value_heads=12, linear_key_head_dim=12, linear_value_head_dim=8,
         output_gate_type="sigmoid", hc_count=4, hc_lowrank=8, ple_layer_ids=(2,), ple_embed_dim=32,
         heads_per_ngram=2, ngram_vocab_size_base=97, make_ngram_vocab_size_divisible_by=8, vocab_size=1000,
         eos_token_id=999, dtype="float32"),

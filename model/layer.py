@@ -28,6 +28,7 @@ from .lora import LoraInput, Proj, Site, apply_sites, check_idx_values, check_in
 from .modes import LayerMode, Writes
 from .norms import gated_rms_norm, rms_norm_1p
 from .state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
+from .tp import TpError, TpSpec
 from .weights import LayerWeights
 
 _GATE_PARAMS = ("dt_bias", "A_log")  # kept at fp32 or wider whatever the activation dtype
@@ -97,12 +98,20 @@ class _Io:
 
 
 class GdnLayer(nn.Module):
-    """One GDN decoder layer of `cfg`, from `weights`, computing in `dtype` (fp32 or fp64 on CPU, bf16 on GPU)."""
+    """One GDN decoder layer of `cfg`, from `weights`, computing in `dtype` (fp32 or fp64 on CPU, bf16 on GPU).
 
-    def __init__(self, cfg: GdnConfig, weights: LayerWeights, dtype: torch.dtype = torch.float32):
+    A tensor-parallel rank's layer is this layer over the rank's config and weights (`model/tp.py`: `shard_config`,
+    `load_checkpoint(dir, shard)`): `tp` names its process group, and the partial sums of `out_proj` (and of the
+    dense MLP's `down_proj`) are all-reduced over it, the last one left to the host when `tp.host_reduce`."""
+
+    def __init__(self, cfg: GdnConfig, weights: LayerWeights, dtype: torch.dtype = torch.float32,
+                 tp: TpSpec | None = None):
         super().__init__()
         weights.check(cfg)
         self.cfg, self.index, self.dtype = cfg, weights.index, dtype
+        self.tp = tp or TpSpec()
+        if cfg.tp_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            self.tp.check(cfg)
         self.mixer = _Part(weights.mixer, dtype)
         for name in ("mlp", "attn_hc", "mlp_hc", "ple"):
             part = getattr(weights, name)
@@ -191,6 +200,7 @@ class GdnLayer(nn.Module):
 
     def _forward(self, step: StepInput, io: _Io) -> StepOutput:
         cfg, fused = self.cfg, self._fused(step.x)
+        host = self._host_reduces()  # the host does the layer's last reduction: the output is this rank's share
         if not cfg.is_hc:
             h, residual = self._add_norm(step.x, step.residual, self.norms.input_norm, fused)
             y = self._mixer(h, io, fused)
@@ -201,10 +211,22 @@ class GdnLayer(nn.Module):
         streams, adds = step.x, ()
         if self.ple is not None:
             adds = self._ple(streams, step.ple_rows, io, fused)
-        streams = self._hc_sublayer(streams, adds, self.attn_hc, lambda h: self._mixer(h, io, fused), fused)
+        mixer = lambda h: self._mixer(h, io, fused)  # noqa: E731
+        out = self._hc_sublayer(streams, adds, self.attn_hc, mixer, fused, host and self.mlp is None)
         if self.mlp is not None:
-            streams = self._hc_sublayer(streams, (), self.mlp_hc, lambda h: self._mlp(h, io, fused), fused)
-        return StepOutput(streams)
+            out = self._hc_sublayer(out.x, (), self.mlp_hc, lambda h: self._mlp(h, io, fused), fused, host)
+        return out
+
+    def _host_reduces(self) -> bool:
+        return self.cfg.tp_size > 1 and self.tp.host_reduce
+
+    def _reduce(self, y: Tensor, last: bool) -> Tensor:
+        """The ranks' partial sums of a row-parallel projection, all-reduced (model/tp.py); the layer's last one
+        stays partial when the host reduces it. A whole model (tp_size 1) has nothing to reduce, so its code and
+        exported graphs are those of a layer without tensor parallelism."""
+        if self.cfg.tp_size == 1 or (last and self.tp.host_reduce):
+            return y
+        return self.tp.all_reduce(y)
 
     def _add_norm(self, x: Tensor, delta: Tensor, w: Tensor, fused: bool) -> tuple[Tensor, Tensor]:
         """Plain residual: (RMSNorm(1 + w) of x + delta, x + delta)."""
@@ -228,7 +250,7 @@ class GdnLayer(nn.Module):
         norm = glue.gated_rms_norm if fused else gated_rms_norm
         o = norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
         o = o.reshape(T, cfg.value_dim)
-        return io.adapt(F.linear(o, m.out_proj), o, self._by_proj[Proj.OUT_PROJ])
+        return self._reduce(io.adapt(F.linear(o, m.out_proj), o, self._by_proj[Proj.OUT_PROJ]), self.mlp is None)
 
     def _mlp(self, h: Tensor, io: _Io, fused: bool) -> Tensor:
         gate_up = io.adapt(F.linear(h, self.mlp.gate_up), h, self._by_proj[Proj.GATE_UP])
@@ -237,17 +259,22 @@ class GdnLayer(nn.Module):
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
-        return io.adapt(F.linear(act, self.mlp.down), act, self._by_proj[Proj.DOWN])
+        return self._reduce(io.adapt(F.linear(act, self.mlp.down), act, self._by_proj[Proj.DOWN]), True)
 
-    def _hc_sublayer(self, streams: Tensor, adds: tuple[Tensor, ...], hc: _Part, sublayer, fused: bool) -> Tensor:
+    def _hc_sublayer(self, streams: Tensor, adds: tuple[Tensor, ...], hc: _Part, sublayer, fused: bool,
+                     partial: bool = False) -> StepOutput:
         """Qwen4-Exp gated residual around one sublayer (docs/math.md#qwen4-exp-gated-residual-hc), after adding `adds` (the PLE
-        output) to the streams. Fused: four kernels (norm with the adds and the inject logits, the low-rank silu,
-        the mix, the inject) around the two low-rank GEMMs."""
+        output) to the streams: `StepOutput(streams)`; `partial` (a tp rank whose host reduces the sublayer's
+        output): `StepOutput(this rank's write-gated delta, the streams)`, whose delta summed over the ranks plus the
+        streams is the output. Fused: four kernels (norm with the adds and the inject
+        logits, the low-rank silu, the mix, the inject) around the two low-rank GEMMs."""
         n, C, eps = self.cfg.hc_count, self.cfg.hidden_size, self.cfg.rms_norm_eps
         if fused:
             hn, streams, logits = glue.hc_norm(streams, adds, hc.norm, hc.inject, eps)
             x = glue.hc_mix(hn, F.linear(glue.silu_div(F.linear(hn, hc.down), n), hc.up), n)
-            return glue.hc_inject(streams, logits, sublayer(x))
+            if partial:  # 0 + inj * y: the inject kernel's own rounding of the delta
+                return StepOutput(glue.hc_inject(torch.zeros_like(streams), logits, sublayer(x)), streams)
+            return StepOutput(glue.hc_inject(streams, logits, sublayer(x)))
         if adds:
             streams = streams + adds[0]
         T = streams.shape[0]
@@ -256,7 +283,8 @@ class GdnLayer(nn.Module):
         x = (w * hn.reshape(T, n, C)).mean(dim=1)
         inj = 2 * torch.sigmoid(F.linear(hn, hc.inject) / n)  # [T, n]
         y = sublayer(x)
-        return streams + (inj[:, :, None] * y[:, None, :]).reshape(T, n * C)
+        delta = (inj[:, :, None] * y[:, None, :]).reshape(T, n * C)
+        return StepOutput(delta, streams) if partial else StepOutput(streams + delta)
 
     def _ple(self, streams: Tensor, rows: Tensor, io: _Io, fused: bool) -> tuple[Tensor, ...]:
         """Qwen4-Exp PLE (docs/math.md#qwen4-exp-ple-hashed-n-gram-memory) on gathered rows [T, heads, d_h]: the stream delta, as one
@@ -303,7 +331,11 @@ class GdnLayer(nn.Module):
         if step.lora is not None:
             check_input(step.lora, self.lora_sites, step.x.shape[0], self.dtype)
         if torch.compiler.is_exporting():
+            if cfg.tp_size > 1:
+                raise TpError(f"layer {self.index} is rank {cfg.tp_rank} of tp={cfg.tp_size}: exporting a rank's "
+                              "layer is not built yet (its all-reduce has no place in the graph)")
             return  # token counts are symbolic while tracing; the GraphSpec profiles bound them
+        self.tp.check(cfg)
         why = mode.refuse(step.pack.num_seqs, step.x.shape[0])
         if why is not None:
             raise ValueError(why)

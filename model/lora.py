@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import Family, GdnConfig
+from .config import Family, GdnConfig, Shard
+from .tp import TpError, in_proj_rows, shard_config
 from .weights import LayerWeights
 
 
@@ -225,6 +226,35 @@ def merge_layer(cfg: GdnConfig, lw: LayerWeights, adapter: Adapter) -> LayerWeig
 def _proj(lw: LayerWeights, p: Proj) -> Tensor:
     return {Proj.IN_PROJ: lambda: lw.mixer.in_proj, Proj.OUT_PROJ: lambda: lw.mixer.out_proj,
             Proj.GATE_UP: lambda: lw.mlp.gate_up, Proj.DOWN: lambda: lw.mlp.down}[p]()
+
+
+# ---- tensor parallelism (model/tp.py) ----
+def shard_adapter(adapter: Adapter, cfg: GdnConfig, shard: Shard) -> Adapter:
+    """Rank `shard`'s part of an adapter mapped onto the whole model `cfg`, as PEFT / vLLM's parallel LoRA layers
+    split it: column-parallel targets keep A and take the rank's rows of B (its heads' rows in the rank's internal
+    order), the row-parallel `out_proj` and `down_proj` take the rank's input columns of A and keep B. The result
+    fits the rank's config (`Adapter.check_fits`, `build_slots`, `merge_layer`)."""
+    if adapter.config_hash != cfg.config_hash():
+        raise TpError(f"adapter {adapter.name} was mapped onto config {adapter.config_hash}, not {cfg.name} "
+                      f"({cfg.config_hash()}): load it for the whole model, then shard it")
+    rank_cfg = shard_config(cfg, shard)
+    if shard.size == 1:
+        return adapter
+    layers = {i: {t: _shard_lora(cfg, shard, sites(cfg, i)[t], w) for t, w in ts.items()}
+              for i, ts in adapter.layers.items()}
+    return Adapter(adapter.name, rank_cfg.config_hash(), layers, adapter.skipped, adapter.source)
+
+
+def _shard_lora(cfg: GdnConfig, shard: Shard, site: Site, w: LoraWeights) -> LoraWeights:
+    if site.proj in (Proj.OUT_PROJ, Proj.DOWN):  # row-parallel
+        a, b = shard.part(site.in_dim)
+        return LoraWeights(w.a[:, a:b].contiguous(), w.b, w.scale)
+    if site.proj is Proj.GATE_UP:
+        a, b = shard.part(site.out_dim)
+        return LoraWeights(w.a, w.b[a:b].clone(), w.scale)
+    rows = in_proj_rows(cfg, shard)
+    keep = rows[(rows >= site.lo) & (rows < site.hi)] - site.lo
+    return LoraWeights(w.a, w.b[keep], w.scale)
 
 
 # ---- per-sequence slots ----

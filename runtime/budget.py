@@ -4,7 +4,9 @@ plan is a TensorRT engine file).
 Everything a `Session` allocates is sized here from `GdnConfig` and `RuntimeLimits`: state pools, verify stashes,
 prefill capture buffers, CUDA-graph buckets (static I/O plus the activations their private pools keep), PLE staging
 and the host row cache. `Session.open` computes this budget first and refuses to start, naming the limit to lower,
-when it does not fit the device; `gdn-trt budget` (`gdn_trt.app.cli`) prints the same table.
+when it does not fit the device; `gdn-trt budget` (`gdn_trt.app.cli`) prints the same table. Under tensor
+parallelism the budget is one rank's (`budget(..., tp=N)`, or the config of a rank): its heads' weights and state,
+the replicated parts whole (`model/tp.py`); every rank needs the same.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.config import GdnConfig, Shard
 from gdn_trt.model.dtypes import DTYPES
 from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.lora import LoraLimits
+from gdn_trt.model.tp import shard_config
 
 GiB = 1 << 30
 
@@ -109,7 +112,8 @@ class Budget:
 
     def table(self) -> str:
         w = max(len(r.item) for r in self.rows)
-        lines = [f"memory budget for {self.cfg.name} ({len(self.cfg.gdn_layer_ids)} GDN layers, hash "
+        rank = f", per rank of tp={self.cfg.tp_size}" if self.cfg.tp_size > 1 else ""
+        lines = [f"memory budget for {self.cfg.name} ({len(self.cfg.gdn_layer_ids)} GDN layers{rank}, hash "
                  f"{self.cfg.config_hash()})",
                  f"{'item':<{w}}  {'device':>10}  {'host':>10}  limit"]
         lines += [f"{r.item:<{w}}  {_fmt(r.device):>10}  {_fmt(r.host):>10}  {', '.join(r.limits) or '-'}"
@@ -170,9 +174,13 @@ def lora_slot_bytes(cfg: GdnConfig, lora: LoraLimits, act_dtype: str) -> int:
     return sum(per * (s.in_dim + s.out_dim) for i in cfg.gdn_layer_ids for s in lora.layer_sites(cfg, i))
 
 
-def budget(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, trt_context: int = 0) -> Budget:
+def budget(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, trt_context: int = 0,
+           tp: int = 1) -> Budget:
     """The memory budget of a session over `cfg`'s GDN layers at `limits`, activations in `act_dtype`;
-    `trt_context`: the TensorRT plans' shared context memory (`backends.trt_context_budget`), 0 without them."""
+    `trt_context`: the TensorRT plans' shared context memory (`backends.trt_context_budget`), 0 without them;
+    `tp` > 1: one rank's budget of the whole model `cfg` split over tp ranks (a `TpError` names the valid sizes)."""
+    if tp > 1:
+        cfg = shard_config(cfg, Shard(tp, 0))  # every rank holds the same amounts
     a, per_slot, per_tok = DTYPES[act_dtype].itemsize, slot_bytes(cfg, act_dtype), token_activation_bytes(cfg, act_dtype)
     b = Budget(cfg, limits)
     b.rows.append(BudgetRow("weights", weight_bytes(cfg, act_dtype), 0, ()))

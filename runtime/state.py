@@ -9,20 +9,23 @@ ngram_size-1 token ids per sequence, kept on the host by the PLE prestage). Inva
 - a snapshot reads a sequence's state only after the step that last wrote it has completed on its stream (the
   step's `Fence`), and restore validates the whole blob before any pool row is written.
 
-Snapshot format (version 3), little-endian:
+Snapshot format (version 4), little-endian:
     b"GDNSNAP" | u8 version | u32 header length | header (UTF-8 JSON) | payload | u32 crc32 of all before
-The header names the config hash and name, the digest of the weights the state was computed with
-(`model.checkpoint.weights_digest`), the token position, the layout string and one entry per tensor (name, dtype,
-shape, byte offset into the payload). The payload holds, for one token boundary, every layer's conv, ssm and
-ple_conv rows and the PLE id carries. Version 1 had no weights digest; version 2 held the conv rows channel-major.
+The header names the config hash and name, the tensor-parallel size and rank whose heads the state holds
+(`{"size": 1, "rank": 0}` for a whole model; a rank's pools hold only its heads, `model/tp.py`), the digest of the
+weights the state was computed with (`model.checkpoint.weights_digest`), the token position, the layout string and
+one entry per tensor (name, dtype, shape, byte offset into the payload). The payload holds, for one token boundary,
+every layer's conv, ssm and ple_conv rows and the PLE id carries. Version 1 had no weights digest,
+version 2 no tp and the conv rows channel-major, version 3 one of the two.
 
 The CRC catches accidents only: anyone can re-seal a blob. So `decode` trusts nothing in it. Before any tensor is
 built it checks the header length against what this pool's header can be, parses the header as strict JSON (UTF-8,
 no duplicate keys, no NaN literals, any nesting error a `SnapshotError`), and checks it against an exact schema:
-the key sets, the types (a JSON `true` is not an int), the position range 0..2**62, the config hash, the weights
-digest, the layout and every tensor entry equal to this pool's, the payload size. Then the values: every float of
-the state finite and every PLE id carry inside the vocabulary. Every failure is a `SnapshotError` and nothing of
-the pool is read or written, so `Session.restore` takes a slot only for a blob that will restore.
+the key sets, the types (a JSON `true` is not an int), the position range 0..2**62, the tp size and rank, the config
+hash, the weights digest, the layout and every tensor entry equal to this pool's, the payload size. Then the
+values: every float of the state finite and every PLE id carry inside the vocabulary. Every failure is a
+`SnapshotError` and nothing of the pool is read or written, so `Session.restore` takes a slot only for a blob that
+will restore.
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.state import BufferSpec, LayerState
 
 MAGIC = b"GDNSNAP"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Positions count tokens; 2**62 is beyond any run and leaves int64 headroom for position + drafts arithmetic.
 MAX_POSITION = 2 ** 62
-_HEADER_KEYS = frozenset({"config_hash", "config", "weights", "position", "layout", "tensors"})
+_HEADER_KEYS = frozenset({"config_hash", "config", "tp", "weights", "position", "layout", "tensors"})
+_TP_KEYS = frozenset({"size", "rank"})
 _ENTRY_KEYS = frozenset({"name", "dtype", "shape", "offset"})
 # How every tensor of a slot is laid out; a change here is a format change (bump FORMAT_VERSION).
 LAYOUT = ("ssm [HV, K, V] key-dim rows; conv [W-1, conv_dim] pre-conv inputs oldest first; "
@@ -226,7 +230,8 @@ class StatePool:
         for e in entries:
             meta.append({"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "offset": offset})
             offset += e.nbytes
-        header = json.dumps({"config_hash": self.cfg.config_hash(), "config": self.cfg.name, "weights": self.weights,
+        header = json.dumps({"config_hash": self.cfg.config_hash(), "config": self.cfg.name,
+                             "tp": {"size": self.cfg.tp_size, "rank": self.cfg.tp_rank}, "weights": self.weights,
                              "position": state.position, "layout": LAYOUT, "tensors": meta}).encode()
         payload = b"".join(_raw(t) for t in state.tensors)
         body = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header + payload
@@ -272,6 +277,7 @@ class StatePool:
         _keys("snapshot header", header, _HEADER_KEYS)
         _typed("config_hash", header["config_hash"], str)
         _typed("config", header["config"], str)
+        self._check_tp(header["tp"])
         want = self.cfg.config_hash()
         if header["config_hash"] != want:
             raise SnapshotError(f"snapshot was taken with config {header['config']!r} (hash "
@@ -307,6 +313,19 @@ class StatePool:
             offset += e.nbytes
         if offset != payload_bytes:
             raise SnapshotError(f"snapshot payload is {payload_bytes} bytes, the header describes {offset}")
+
+    def _check_tp(self, tp: object) -> None:
+        """The snapshot holds the heads of this pool's tensor-parallel rank: same tp size, same rank."""
+        if not isinstance(tp, dict):
+            raise SnapshotError(f"snapshot header field tp must be a JSON object, got {type(tp).__name__}")
+        _keys("snapshot header field tp", tp, _TP_KEYS)
+        _typed("tp.size", tp["size"], int)
+        _typed("tp.rank", tp["rank"], int)
+        got, want = (tp["size"], tp["rank"]), (self.cfg.tp_size, self.cfg.tp_rank)
+        if got != want:
+            raise SnapshotError(f"snapshot holds the state of rank {got[1]} of tp={got[0]}, this pool holds rank "
+                                f"{want[1]} of tp={want[0]}: restore a rank's snapshot on the same rank of the same "
+                                "tp size")
 
     def _check_values(self, tensors: tuple[Tensor, ...]) -> None:
         """Every float of the state finite, every PLE id carry inside the vocabulary."""

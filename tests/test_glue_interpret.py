@@ -68,3 +68,23 @@ else:
         for mode in LayerMode:
             assert_same_step(mode.value, run_step(layer, mode, False, seed=1), run_step(layer, mode, True, seed=1),
                              tol(F32))
+
+    @pytest.mark.parametrize("layer_idx", [1, 2], ids=["hc+ple", "hc"])
+    def test_hc_rank_left_to_the_host_triton_glue_equals_torch_glue(layer_idx, monkeypatch):
+        """A tensor-parallel rank's hc layer whose host does the reduction returns (write-gated delta, streams):
+        the fused path (inject kernel onto zero streams) equals the torch path. A mixer-only layer's one reduction
+        is then the host's, so no collective runs and the process-group check is patched out."""
+        from gdn_trt.model.checkpoint import random_layer
+        from gdn_trt.model.config import Shard, preset
+        from gdn_trt.model.layer import GdnLayer
+        from gdn_trt.model.tp import TpSpec, shard_config
+
+        monkeypatch.setattr(glue_op, "_impl", lambda x: glue_triton)
+        monkeypatch.setattr(TpSpec, "check", lambda self, cfg: None)
+        cfg = shard_config(preset("tiny-4exp-tp"), Shard(2, 1))
+        lw = random_layer(cfg, layer_idx, torch.Generator().manual_seed(3))
+        layer = GdnLayer(cfg, lw, F32, TpSpec(host_reduce=True))
+        for mode in LayerMode:
+            ref, got = run_step(layer, mode, False, seed=2), run_step(layer, mode, True, seed=2)
+            assert ref.residual is not None and got.residual is not None  # (delta, streams)
+            assert_same_step(mode.value, ref, got, tol(F32))

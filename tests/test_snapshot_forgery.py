@@ -89,6 +89,10 @@ HEADERS = {
     "dtype a list": lambda h: _with_tensor(h, 0, dtype=["float32"]),
     "weights digest of other weights": lambda h: {**h, "weights": "0" * 64},
     "weights digest a number": lambda h: {**h, "weights": 0},
+    "tp of another rank": lambda h: {**h, "tp": {"size": 2, "rank": 1}},
+    "tp size true": lambda h: {**h, "tp": {"size": True, "rank": 0}},
+    "tp without rank": lambda h: {**h, "tp": {"size": 1}},
+    "tp a list": lambda h: {**h, "tp": [1, 0]},
 }
 
 
