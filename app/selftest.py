@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_flow:
         flow.run_flow(args.out, rep)
     if not args.no_cost:
-        flow.weights_cost(args.out, args.steps, rep)
+        flow.weights_cost(args.out, args.steps, rep, device_us)
     (args.out / "selftest.json").write_text(json.dumps(rep.checks, indent=2, default=str))
     print("\n" + flow.table(rep.checks))
     print(f"{len(rep.checks) - len(rep.failed)}/{len(rep.checks)} checks passed or reported, failed: "

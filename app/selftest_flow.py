@@ -157,20 +157,19 @@ def _scenario(fm: FlowModel, ck: Checkpoint, engines: Path, root: Path):
                       "failed": bad[:3]}
 
 
-def weights_cost(out: Path, steps: int, rep) -> None:
+def weights_cost(out: Path, steps: int, rep, device_us) -> None:
     """Weights as graph inputs against weights inside the plan, one Qwen3-Next layer, decode of COST_SEQS sequences,
-    bf16: device memory each deserialized plan takes, device time per step, and the two outputs compared."""
+    bf16: device memory each deserialized plan takes, device time per step (`device_us(fn, steps, stream)`, the
+    selftest's sleep-kernel timer), and the two outputs compared."""
     _stage(rep, f"weights as inputs vs inside ({COST_MODEL} layer, decode x{COST_SEQS}, bf16)",
-           lambda: _cost(out / "cost", steps))
+           lambda: _cost(out / "cost", steps, device_us))
 
 
-def _cost(root: Path, steps: int):
+def _cost(root: Path, steps: int, device_us):
     import tensorrt as trt
 
     from gdn_trt.export.build import engine_loader, load_plugins
     from gdn_trt.export.onnx_export import export_mode
-
-    from .selftest import device_us
 
     cfg, mode = preset(COST_MODEL), LayerMode.DECODE_MULTI_SEQ
     i = cfg.gdn_layer_ids[0]

@@ -4,8 +4,9 @@
     gdn-trt export --checkpoint DIR [--modes prefill,decode] [--layers all|variants|0,2] [--dtype float32]
     gdn-trt export --checkpoint DIR --adapter LORA_DIR          # a PEFT LoRA adapter merged into the weights
     gdn-trt export --checkpoint DIR --lora-slots 4 --lora-rank 16   # per-sequence adapter slots as graph inputs
+    gdn-trt export --preset tiny-3.5 --stack                    # one graph per run of consecutive GDN layers
     gdn-trt build --onnx artifacts/onnx --out engines [--refittable]   # needs TensorRT >= 10.8
-    gdn-trt refit --engines engines --onnx artifacts/onnx-merged    # new weights into refittable plans
+    gdn-trt refit --engines engines --onnx artifacts/onnx-merged    # new weights into --embed-weights plans
     gdn-trt compare --onnx artifacts/onnx [--backends torch,onnxrt,trt] [--device cpu|cuda]
 """
 
