@@ -1,11 +1,15 @@
-"""ONNX export of one GDN layer in one `LayerMode`: a pure function of (config, weights, mode, limits).
+"""ONNX export of one GDN layer, or of a run of them (a stack graph), in one `LayerMode`: a pure function of
+(config, mode, limits), and of the weights when they stay inside the graph.
 
-`export_mode(layer, mode, out_dir, limits)` traces a small wrapper module whose forward takes and returns exactly the
-tensors of the mode's `GraphSpec`, with `torch.onnx.export(dynamo=True)` and the `gdn_trt` translation table (each
-functional custom op -> one `gdn_trt::<op>` node). Then ONNX-GraphSurgeon cleans the graph (dead values, topological
-order, I/O dims renamed to the GraphSpec symbols, exporter metadata such as source paths dropped so that the file
-depends on nothing but its inputs), the model-local functions of the custom ops are attached, the weights go to an
-external data file, and `onnx.checker` checks the saved file.
+`export_mode(layer, mode, out_dir, limits)` / `export_graph(layers, spec, path)` trace a small wrapper module whose
+forward takes and returns exactly the tensors of the mode's `GraphSpec` (the layers chained in order for a stack),
+with `torch.onnx.export(dynamo=True)` and the `gdn_trt` translation table (each functional custom op -> one
+`gdn_trt::<op>` node). The weights are graph inputs: each layer runs under `torch.func.functional_call` with its
+buffers replaced by the weight inputs, so the trace reads them from the inputs and no weight becomes an initializer
+(a GraphSpec with `weights_inside` traces the buffers instead: initializers in an external data file). Then
+ONNX-GraphSurgeon cleans the graph (dead values, topological order, I/O dims renamed to the GraphSpec symbols,
+exporter metadata such as source paths dropped so that the file depends on nothing but its inputs), the model-local
+functions of the custom ops are attached, and `onnx.checker` checks the saved file.
 """
 
 from __future__ import annotations
