@@ -63,7 +63,8 @@ def _budget(args: argparse.Namespace) -> int:
 def register_selftest(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("selftest", add_help=False,
                               help="on a machine with TensorRT and a GPU: check the plugins, aliasing and context "
-                                   "memory (gdn-trt selftest --help for its options)")
+                                   "memory, then the whole flow (export, build every mode and stack, compare, "
+                                   "scenario on the engines); gdn-trt selftest --help for its options")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=lambda a: _selftest(a.rest))
 
@@ -75,6 +76,9 @@ def _selftest(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["selftest"]:  # its own parser: argparse's REMAINDER drops a leading option such as --out
+        return _selftest(argv[1:])
     parser = argparse.ArgumentParser(prog="gdn-trt", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

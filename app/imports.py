@@ -4,9 +4,10 @@
     python -m gdn_trt.app.imports --modules    # every module-to-module arrow as well
 
 Layers, bottom to top: plugins, model, export, runtime, app. A module may import modules of its own package and of
-the packages below it; from export the runtime takes only the GraphSpec (`gdn_trt.export.spec`) and the file
-digests its plan checks share with the build (`gdn_trt.export.digest`, hashlib only), so it never pulls
-in the engine build, the comparison or Polygraphy. Every import statement counts, those inside functions and under
+the packages below it; from export the runtime takes only the GraphSpec (`gdn_trt.export.spec`), the file
+digests its plan checks share with the build (`gdn_trt.export.digest`, hashlib only) and the engine config it
+cross-checks at load (`gdn_trt.export.engine_config`), so it never pulls in the engine build, the comparison or
+Polygraphy. Every import statement counts, those inside functions and under
 `TYPE_CHECKING` too: a lazy import is still an arrow. The modules are read as source (their ASTs), nothing is
 imported, so the command runs without torch.
 """
@@ -22,7 +23,8 @@ from pathlib import Path
 
 ROOT = "gdn_trt"
 LAYERS = ("plugins", "model", "export", "runtime", "app")  # bottom to top
-NARROW = {("runtime", "export"): ("gdn_trt.export.spec", "gdn_trt.export.digest")}  # (importer, imported) -> allowed
+NARROW = {("runtime", "export"): ("gdn_trt.export.spec", "gdn_trt.export.digest",  # (importer, imported) -> allowed
+                                  "gdn_trt.export.engine_config")}
 
 
 @dataclass(frozen=True)

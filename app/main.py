@@ -81,7 +81,7 @@ def export_and_compare(ckpt_dir: Path, out: Path) -> tuple[Stage, Stage]:
         m = holder["m"]
         layers = layers_of(m, m.data["dtype"])
         opts = CompareOptions(("torch", "onnxrt"), "cpu", 1, None, out / "compare")
-        res = [compare_graph(m, rec, layers[rec.spec.layer_idx], opts) for rec in m.graphs]
+        res = [compare_graph(m, rec, layers, opts) for rec in m.graphs]
         bad = [r for r in res if not r.passed]
         return not bad, f"{len(res) - len(bad)}/{len(res)} graphs torch == onnxrt", [r.summary() for r in res]
 

@@ -1,8 +1,8 @@
 """TensorRT selftest: the questions only a machine with TensorRT and a GPU can answer, answered in one run.
 
-    python -m gdn_trt.app.selftest [--out artifacts/selftest] [--steps 50] [--no-nsys]
+    gdn-trt selftest [--out artifacts/selftest] [--steps 50] [--no-nsys] [--no-flow] [--no-cost]
 
-1. Environment: TensorRT >= `MIN_TRT`, a CUDA device, Triton. Without one of them it exits 2 and names what is
+1. Environment: TensorRT >= `MIN_TRT`, a CUDA device, Triton. Without any of them it exits 2 and names everything
    missing; it never reports a result it did not obtain.
 2. Plugins: the plugin modules import and TensorRT's registry resolves all six creators (name, "1", "gdn_trt").
 3. Parse and build, at Qwen3-Next's layer shapes: a one-node graph of `gated_delta_rule_recurrent` (decode, a
@@ -19,9 +19,13 @@
    step than this step's kernels). "copies per step" = (in-place step - kernel) / pool copy: about 1 means
    TensorRT copies the pool every step despite the aliasing. With `nsys` on PATH the in-place loop is also
    profiled and the device-to-device memcpys and kernels per step are listed.
+7. The whole flow (`selftest_flow.py`, `--no-flow` skips it): export, build every mode per layer and as stacks,
+   compare torch vs ONNX Runtime vs TensorRT, the continuous-batching scenario on the TensorRT engines.
+8. The cost of weights as graph inputs (`--no-cost` skips it): one Qwen3-Next layer's plan with weights as inputs
+   against one with the weights inside: device memory when deserialized, device time per step, outputs compared.
 
-Exit 0: every check passed; 1: a check failed; 2: TensorRT, CUDA or Triton missing. The figures and verdicts go
-to `<out>/selftest.json`.
+Exit 0: every check passed; 1: a check failed; 2: TensorRT, CUDA or Triton missing. It ends with one table of every
+check; the figures and verdicts also go to `<out>/selftest.json`.
 """
 
 from __future__ import annotations
@@ -69,18 +73,19 @@ class Report:
 
 
 def missing() -> str | None:
-    """What this machine lacks for the selftest (None = nothing)."""
+    """Everything this machine lacks for the selftest, '; '-joined (None = nothing)."""
     from gdn_trt.export.build import TrtUnavailable, import_tensorrt
 
+    lacks = []
     try:
         import_tensorrt()
     except TrtUnavailable as e:
-        return str(e)
+        lacks.append(str(e))
     if not torch.cuda.is_available():
-        return "no CUDA device: the selftest runs TensorRT engines on a GPU"
+        lacks.append("no CUDA device: the selftest runs TensorRT engines on a GPU")
     if importlib.util.find_spec("triton") is None:
-        return "triton is not installed (pip install 'gdn-trt[gpu]'): the JIT plugins launch Triton kernels"
-    return None
+        lacks.append("triton is not installed (pip install 'gdn-trt[gpu]'): the JIT plugins launch Triton kernels")
+    return "; ".join(lacks) or None
 
 
 def one_op_model(spec: OpSpec, feeds: dict[str, torch.Tensor], attrs: dict[str, int]):
@@ -355,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("artifacts/selftest"), help="plans, ONNX files, selftest.json")
     p.add_argument("--steps", type=int, default=50, help="steps per timing")
     p.add_argument("--no-nsys", action="store_true", help="skip the nsys profile even where nsys exists")
+    p.add_argument("--no-flow", action="store_true", default=False,
+                   help="skip the whole flow (export, build every mode and stack, compare, scenario on TensorRT)")
+    p.add_argument("--no-cost", action="store_true", default=False,
+                   help="skip the cost of weights as graph inputs (a Qwen3-Next layer built both ways)")
     p.add_argument("--inner", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     why = missing()
@@ -383,7 +392,14 @@ def main(argv: list[str] | None = None) -> int:
         measure_copies(gdn, args.steps, rep)
         if not args.no_nsys:
             nsys_profile(args.out, args.steps, rep)
+    from . import selftest_flow as flow
+
+    if not args.no_flow:
+        flow.run_flow(args.out, rep)
+    if not args.no_cost:
+        flow.weights_cost(args.out, args.steps, rep, device_us)
     (args.out / "selftest.json").write_text(json.dumps(rep.checks, indent=2, default=str))
+    print("\n" + flow.table(rep.checks))
     print(f"{len(rep.checks) - len(rep.failed)}/{len(rep.checks)} checks passed or reported, failed: "
           f"{rep.failed or 'none'}; report: {args.out / 'selftest.json'}")
     return 1 if rep.failed else 0

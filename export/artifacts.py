@@ -1,9 +1,12 @@
 """Exported model folders: every (layer, mode) graph of a checkpoint, and the manifest that lists them.
 
-Layout (`<out>/<model>/`): `layer<i>/<mode>[+hc][+ple][+lora].onnx` (+ `.onnx.data` weights) per GDN layer and
-mode, and `manifest.json` with the checkpoint path, config hash, limits, tool versions, the LoRA adapter merged into
-the weights (path and digest; `ExportPlan.adapter`) and, per graph, its GraphSpec, node counts, size and sha256.
-`gdn-trt build` and `gdn-trt compare` read the manifest; the runtime may too.
+Layout (`<out>/<model>/`): `layer<i>/<mode>[+hc][+ple][+lora].onnx` per GDN layer and mode, or with `--stack`
+`stack<a>-<b>/<stem>.onnx` per run of consecutive GDN layers (`spec.gdn_runs`; a run of one layer keeps its
+per-layer graph), and `manifest.json` with the checkpoint path, config hash, limits, tool versions, whether the
+weights are graph inputs (the default) or inside the graphs (`--embed-weights`, + `.onnx.data`), the LoRA adapter
+merged into the weights (path and digest; `ExportPlan.adapter`), the engine config a loader reads
+(`engine_config.py`), and per graph its GraphSpec, layers, node counts, size and sha256. `gdn-trt build` and
+`gdn-trt compare` read the manifest.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from gdn_trt.plugins.spec import NAMESPACE
 
 from .digest import graph_files, sha256_files
 from .onnx_export import export_graph
-from .spec import GraphSpec, Limits, Variant, graph_spec
+from .engine_config import engine_config
+from .spec import GraphSpec, Limits, Variant, gdn_runs, graph_spec
 
 MANIFEST = "manifest.json"
 
@@ -40,6 +44,15 @@ class ExportPlan:
     dtype: str | None = None  # activation dtype; None = the checkpoint's
     limits: Limits = Limits()
     adapter: Path | None = None  # a PEFT LoRA adapter merged into the weights before export (W + scale B A)
+    stack: bool = False  # one graph per run of consecutive GDN layers (`gdn_runs`) instead of one per layer
+    weights: bool = True  # weights as graph inputs; False = inside the graphs as initializers (--embed-weights)
+
+    def graph_layers(self, ck: Checkpoint) -> list[tuple[int, ...]]:
+        """The layers of each graph to export (per mode): one layer each, or with `stack` each run of the planned
+        layers (`gdn_runs`: a run ends at a layer left out, an attention layer or a GDN layer whose FFN the host
+        runs)."""
+        ids = self.layer_ids(ck)
+        return gdn_runs(ck.config, tuple(ids)) if self.stack else [(i,) for i in ids]
 
     def layer_ids(self, ck: Checkpoint) -> list[int]:
         ids = list(ck.config.gdn_layer_ids)
@@ -70,11 +83,12 @@ class GraphRecord:
 
     def summary(self) -> str:
         s = self.spec
-        return (f"layer {s.layer_idx} {s.stem}: {len(s.inputs)} inputs, {len(s.outputs)} outputs, {self.nodes} nodes "
+        return (f"{s.where} {s.stem}: {len(s.inputs)} inputs, {len(s.outputs)} outputs, {self.nodes} nodes "
                 f"({self.custom_nodes} {NAMESPACE}), {self.bytes / 1e6:.2f} MB -> {self.path}")
 
     def to_json(self) -> dict:
-        return {"layer": self.spec.layer_idx, "mode": self.spec.mode.value, "variant": self.spec.variant.value,
+        return {"layer": self.spec.layer_idx, "layers": list(self.spec.layer_ids), "mode": self.spec.mode.value,
+                "variant": self.spec.variant.value,
                 "path": self.path, "nodes": self.nodes, "custom_nodes": self.custom_nodes, "bytes": self.bytes,
                 "sha256": self.sha256, "graph_spec": self.spec.to_json()}
 
@@ -135,11 +149,11 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
                   "skipped_tensors": len(adapter.skipped)}
     by_index = {lw.index: lw for lw in ck.layers}
     records = []
-    for i in plan.layer_ids(ck):
-        layer = GdnLayer(cfg, by_index[i], DTYPES[dtype]).eval()
+    for ids in plan.graph_layers(ck):
+        layers = [GdnLayer(cfg, by_index[i], DTYPES[dtype]).eval() for i in ids]
         for mode in plan.modes:
-            spec = graph_spec(cfg, i, mode, plan.limits, dtype)
-            path = export_graph(layer, spec, root / f"layer{i}" / f"{spec.stem}.onnx")
+            spec = graph_spec(cfg, ids if len(ids) > 1 else ids[0], mode, plan.limits, dtype, plan.weights)
+            path = export_graph(layers, spec, root / spec.folder / f"{spec.stem}.onnx")
             rec = _record(spec, path, root)
             records.append(rec)
             if progress:
@@ -147,6 +161,8 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
     manifest = {
         "model": cfg.name, "config_hash": cfg.config_hash(), "checkpoint": _portable(ck.path, root),
         "adapter": merged, "dtype": dtype, "limits": GraphSpec.to_json(records[0].spec)["limits"] if records else None,
+        "weights": "inputs" if plan.weights else "inside", "stack": plan.stack,
+        "engine_config": engine_config(cfg, dtype, plan.limits, [r.spec for r in records], plan.weights),
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__},
         "graphs": [r.to_json() for r in records],
     }

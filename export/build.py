@@ -5,10 +5,11 @@ Per graph of an export manifest: `NetworkFromOnnxPath` (strongly typed: precisio
 feature (pool, stash and capture outputs are aliased plugin outputs), `EngineFromNetwork`, `SaveEngine`. Before
 parsing, the plugin modules are imported (they register the `gdn_trt` creators) and a pre-flight check names every
 custom node whose creator is missing: TensorRT would otherwise inline the function body silently. `--no-plugins`
-asks for exactly that plugin-free build instead. Output per graph: `<out>/<model>/layer<i>/<stem>.plan` and a JSON
-manifest beside it (config hash, GraphSpec, TensorRT and plugin versions, GPU, the exact preview-feature set, the
-context memory per profile, the plan's and the graph's paths relative to the manifest and their sha256, which the
-runtime checks). Without TensorRT it raises `TrtUnavailable` with the install instructions; nothing pretends to
+asks for exactly that plugin-free build instead. Output per graph: `<out>/<model>/<layer<i>|stack<a>-<b>>/<stem>.plan`
+and a JSON manifest beside it (config hash, layers, GraphSpec, TensorRT and plugin versions, GPU, the exact
+preview-feature set, the context memory per profile, the plan's and the graph's paths relative to the manifest and
+their sha256, which the runtime checks), and per model the engine config `<out>/<model>/config.json`
+(`engine_config.py`). Without TensorRT it raises `TrtUnavailable` with the install instructions; nothing pretends to
 build.
 
 Polygraphy's `CreateConfig(preview_features=[...])` sets every member of `trt.PreviewFeature`: the ones listed on,
@@ -33,6 +34,7 @@ from gdn_trt.plugins.trt_common import context_memory
 
 from .artifacts import GraphRecord, Manifest
 from .digest import graph_files, sha256_files
+from .engine_config import write_engine_config
 from .spec import GraphSpec
 
 MIN_TRT = (10, 8)  # the oldest TensorRT whose plugin layer tests/test_trt_plugin_layer.py drives our six ops through
@@ -155,6 +157,10 @@ def build_graph(manifest: Manifest, rec: GraphRecord, opts: BuildOptions) -> Pat
              "context_memory": context_memory(engine)}
     meta = plan_manifest(manifest, rec, plan, opts, built)
     plan.with_suffix(".json").write_text(json.dumps(meta, indent=2))
+    config = manifest.data.get("engine_config")
+    if config is not None:  # exports made before the engine config existed have none (and weights inside)
+        write_engine_config(config, opts.out / manifest.data["model"],
+                            {"tensorrt": built["tensorrt"], "plugins": "gdn_trt JIT QDP" if opts.plugins else "none"})
     return plan
 
 
@@ -166,7 +172,8 @@ def plan_manifest(manifest: Manifest, rec: GraphRecord, plan: Path, opts: BuildO
     onnx_path = manifest.root / rec.path
     merged = manifest.data.get("adapter")
     return {
-        "model": manifest.data["model"], "config_hash": rec.spec.config_hash, "graph_spec": rec.spec.to_json(),
+        "model": manifest.data["model"], "config_hash": rec.spec.config_hash, "layers": list(rec.spec.layer_ids),
+        "graph_spec": rec.spec.to_json(),
         "plan": plan.name, "onnx": os.path.relpath(onnx_path, plan.parent), "onnx_sha256": rec.sha256,
         "tensorrt": built["tensorrt"],
         "plugins": ({op: {"namespace": NAMESPACE, "version": PLUGIN_VERSION} for op in custom_nodes(onnx_path)}

@@ -4,8 +4,9 @@
     gdn-trt export --checkpoint DIR [--modes prefill,decode] [--layers all|variants|0,2] [--dtype float32]
     gdn-trt export --checkpoint DIR --adapter LORA_DIR          # a PEFT LoRA adapter merged into the weights
     gdn-trt export --checkpoint DIR --lora-slots 4 --lora-rank 16   # per-sequence adapter slots as graph inputs
+    gdn-trt export --preset tiny-3.5 --stack                    # one graph per run of consecutive GDN layers
     gdn-trt build --onnx artifacts/onnx --out engines [--refittable]   # needs TensorRT >= 10.8
-    gdn-trt refit --engines engines --onnx artifacts/onnx-merged    # new weights into refittable plans
+    gdn-trt refit --engines engines --onnx artifacts/onnx-merged    # new weights into --embed-weights plans
     gdn-trt compare --onnx artifacts/onnx [--backends torch,onnxrt,trt] [--device cpu|cuda]
 """
 
@@ -60,6 +61,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per-sequence LoRA: adapter slots as graph inputs (0 = none)")
     p.add_argument("--lora-rank", type=int, default=LoraLimits.max_rank, help="rank of every LoRA slot")
     p.add_argument("--lora-targets", default="", help="comma-separated HF target names (default: all of the family)")
+    p.add_argument("--stack", action="store_true", default=False,
+                   help="one graph per mode for each run of consecutive GDN layers (one enqueue per run and step) "
+                        "instead of one per layer; default: per layer")
+    p.add_argument("--embed-weights", action="store_true", default=False,
+                   help="weights inside the graphs as initializers (one copy per mode's plan; for refit and cost "
+                        "measurements) instead of graph inputs bound from one copy per layer; default: inputs")
     p.set_defaults(func=run_export)
 
     p = sub.add_parser("build", help="TensorRT plans from exported graphs (needs TensorRT >= 10.8)")
@@ -107,8 +114,9 @@ def run_export(args) -> int:
         lora.resolve(ck.config)
     limits = Limits(args.max_seqs, args.max_tokens, args.max_draft, args.pool_slots, args.seq_buckets,
                     args.token_buckets, lora)
-    plan = ExportPlan(args.modes or tuple(LayerMode), args.layers, args.dtype, limits, args.adapter)
-    total = len(plan.layer_ids(ck)) * len(plan.modes)
+    plan = ExportPlan(args.modes or tuple(LayerMode), args.layers, args.dtype, limits, args.adapter, args.stack,
+                      not args.embed_weights)
+    total = len(plan.graph_layers(ck)) * len(plan.modes)
     with tqdm(total=total, desc=f"export {ck.config.name}", unit="graph", file=sys.stderr) as bar:
         def progress(rec):
             tqdm.write(rec.summary())
@@ -149,7 +157,7 @@ def run_build(args) -> int:
     for m in Manifest.find(args.onnx):
         for rec in tqdm(m.select(args.modes), desc=f"build {m.data['model']}", unit="plan", file=sys.stderr):
             plan = build_graph(m, rec, opts)
-            tqdm.write(f"layer {rec.spec.layer_idx} {rec.spec.stem}: {len(rec.spec.buckets)} profiles, "
+            tqdm.write(f"{rec.spec.where} {rec.spec.stem}: {len(rec.spec.buckets)} profiles, "
                        f"{plan.stat().st_size / 1e6:.2f} MB -> {plan}")
     return 0
 
@@ -204,7 +212,7 @@ def run_compare(args) -> int:
             layers = layers_of(m, m.data["dtype"])
             recs = m.select(args.modes)
             for rec in tqdm(recs, desc=f"compare {m.data['model']}", unit="graph", file=sys.stderr):
-                res = compare_graph(m, rec, layers[rec.spec.layer_idx], opts)
+                res = compare_graph(m, rec, layers, opts)
                 tqdm.write(res.summary())
                 results.append(res)
     except TrtUnavailable as e:

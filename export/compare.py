@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from polygraphy.comparator import Comparator
 
 from gdn_trt.model.checkpoint import load_checkpoint
@@ -23,7 +24,7 @@ from gdn_trt.model.layer import GdnLayer
 from .artifacts import GraphRecord, Manifest, checkpoint_path, exported_weights
 from .data import GraphData
 from .runners import TorchRunner, onnxrt_runner, trt_runner
-from .spec import GraphSpec
+from .spec import GraphSpec, Role
 from .tolerances import bound, errors, within
 
 BACKENDS = ("torch", "onnxrt", "trt")
@@ -74,13 +75,14 @@ class GraphResult:
 
     def summary(self) -> str:
         s, w = self.record.spec, self.worst()
-        return (f"layer {s.layer_idx} {s.stem}: {' vs '.join(self.runners)}: {'PASS' if self.passed else 'FAIL'} "
+        return (f"{s.where} {s.stem}: {' vs '.join(self.runners)}: {'PASS' if self.passed else 'FAIL'} "
                 f"(worst: {w['output']} rel RMS {w['rel_rms']:.2e}, bound {w['bound_rel_rms']:.0e}, "
                 f"max-abs {w['max_abs']:.2e}), {len(self.cases)} iterations")
 
     def to_json(self) -> dict:
         s = self.record.spec
-        return {"model": s.model, "layer": s.layer_idx, "mode": s.mode.value, "graph": s.stem,
+        return {"model": s.model, "layer": s.layer_idx, "layers": list(s.layer_ids), "mode": s.mode.value,
+                "graph": s.stem,
                 "onnx": self.record.path, "runners": self.runners, "passed": self.passed, "cases": self.cases,
                 "records": self.records}
 
@@ -94,12 +96,27 @@ class CompareOptions:
     out: Path | None = None  # JSON + PNG per graph
 
 
-def compare_graph(manifest: Manifest, rec: GraphRecord, layer: GdnLayer, opts: CompareOptions) -> GraphResult:
+def weight_feed(spec: GraphSpec, layers: list[GdnLayer]) -> dict[str, np.ndarray]:
+    """The value of every weight input of `spec` (role weight) from its layer's buffers, by input name."""
+    by_index = {la.index: la.weights() for la in layers}
+    return {t.name: by_index[t.layer][t.local].detach().cpu().numpy()
+            for t in spec.inputs if t.role is Role.WEIGHT}
+
+
+def compare_graph(manifest: Manifest, rec: GraphRecord, layers: GdnLayer | dict[int, GdnLayer],
+                  opts: CompareOptions) -> GraphResult:
+    """`layers`: the graph's layer, or the export's layers by index (`layers_of`; a stack graph needs its run)."""
     spec = rec.spec
-    data = GraphData(spec, opts.iterations)
+    if isinstance(layers, GdnLayer):
+        layers = {layers.index: layers}
+    missing = [i for i in spec.layer_ids if i not in layers]
+    if missing:
+        raise ValueError(f"{rec.path} runs {spec.where}: no torch layer {missing} given to compare it with")
+    run = [layers[i] for i in spec.layer_ids]
+    data = GraphData(spec, opts.iterations, weights=weight_feed(spec, run))
     runners = []
     if "torch" in opts.backends:
-        runners.append(TorchRunner(layer, spec, opts.device))
+        runners.append(TorchRunner(run, spec, opts.device))
     if "onnxrt" in opts.backends:
         runners.append(onnxrt_runner(manifest.root / rec.path))
     if "trt" in opts.backends:
@@ -163,7 +180,7 @@ def error_plot(result: GraphResult, path: Path) -> Path | None:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(outputs))], outputs, rotation=30, ha="right")
     ax.set_ylabel("relative RMS error (worst iteration)")
     spec = result.record.spec
-    ax.set_title(f"{spec.model} layer {spec.layer_idx} {spec.stem}: {'PASS' if result.passed else 'FAIL'}")
+    ax.set_title(f"{spec.model} {spec.where} {spec.stem}: {'PASS' if result.passed else 'FAIL'}")
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -67,13 +67,21 @@ def _cases(spec: GraphSpec) -> list[tuple[tuple[int, ...], tuple[int, ...] | Non
 
 
 class GraphData:
-    """Iterable of feed dicts (numpy, spec input names) for `iterations` cases; `cases` lists what each holds."""
+    """Iterable of feed dicts (numpy, spec input names) for `iterations` cases; `cases` lists what each holds.
+    `weights`: the value of every weight input (role weight) by input name, the same in every case (the layers'
+    real weights: every runner then computes with them); required when the spec has weight inputs."""
 
-    def __init__(self, spec: GraphSpec, iterations: int = 2, seed: int = 0):
+    def __init__(self, spec: GraphSpec, iterations: int = 2, seed: int = 0,
+                 weights: dict[str, np.ndarray] | None = None):
         if spec.act_dtype not in _NP:
             raise ValueError(f"{spec.stem}: comparisons feed numpy arrays; activation dtype {spec.act_dtype} has "
                              "none (export with --dtype float32 to compare)")
-        self.spec, self.seed = spec, seed
+        need = [t.name for t in spec.inputs if t.role is Role.WEIGHT]
+        missing = [n for n in need if n not in (weights or {})]
+        if missing:
+            raise ValueError(f"{spec.stem}: no value for weight inputs {missing[:4]}"
+                             f"{' ...' if len(missing) > 4 else ''} (pass the layers' weights)")
+        self.spec, self.seed, self.weights = spec, seed, {n: weights[n] for n in need}
         rng = np.random.default_rng(seed)
         base = _cases(spec)
         self.cases = [self._case(base[i % len(base)], rng) for i in range(iterations)]
@@ -102,6 +110,8 @@ class GraphData:
             shape = t.shape(sizes)
             if t.role is Role.INDEX:
                 feed[t.name] = fixed[t.name].reshape(shape)
+            elif t.role is Role.WEIGHT:
+                feed[t.name] = self.weights[t.name]
             else:
                 scale = 0.5 if t.role is not Role.ACTIVATION else 1.0
                 feed[t.name] = (rng.standard_normal(shape) * scale).astype(_NP[t.dtype])

@@ -1,11 +1,15 @@
-"""ONNX export of one GDN layer in one `LayerMode`: a pure function of (config, weights, mode, limits).
+"""ONNX export of one GDN layer, or of a run of them (a stack graph), in one `LayerMode`: a pure function of
+(config, mode, limits), and of the weights when they stay inside the graph.
 
-`export_mode(layer, mode, out_dir, limits)` traces a small wrapper module whose forward takes and returns exactly the
-tensors of the mode's `GraphSpec`, with `torch.onnx.export(dynamo=True)` and the `gdn_trt` translation table (each
-functional custom op -> one `gdn_trt::<op>` node). Then ONNX-GraphSurgeon cleans the graph (dead values, topological
-order, I/O dims renamed to the GraphSpec symbols, exporter metadata such as source paths dropped so that the file
-depends on nothing but its inputs), the model-local functions of the custom ops are attached, the weights go to an
-external data file, and `onnx.checker` checks the saved file.
+`export_mode(layer, mode, out_dir, limits)` / `export_graph(layers, spec, path)` trace a small wrapper module whose
+forward takes and returns exactly the tensors of the mode's `GraphSpec` (the layers chained in order for a stack),
+with `torch.onnx.export(dynamo=True)` and the `gdn_trt` translation table (each functional custom op -> one
+`gdn_trt::<op>` node). The weights are graph inputs: each layer runs under `torch.func.functional_call` with its
+buffers replaced by the weight inputs, so the trace reads them from the inputs and no weight becomes an initializer
+(a GraphSpec with `weights_inside` traces the buffers instead: initializers in an external data file). Then
+ONNX-GraphSurgeon cleans the graph (dead values, topological order, I/O dims renamed to the GraphSpec symbols,
+exporter metadata such as source paths dropped so that the file depends on nothing but its inputs), the model-local
+functions of the custom ops are attached, and `onnx.checker` checks the saved file.
 """
 
 from __future__ import annotations
@@ -39,34 +43,63 @@ _EXAMPLE = {"T": 5, "N": 2, "S": 3}  # trace sizes; >= 2 so that torch.export do
 _log = logging.getLogger(__name__)
 
 
-class ModeGraph(nn.Module):
-    """The layer in one mode with the GraphSpec's flat I/O: forward(*inputs) -> outputs, both in spec order."""
+class _Run(nn.Module):
+    """One layer in one mode as a module call, so `functional_call` can bind its weights to graph inputs."""
 
-    def __init__(self, layer: GdnLayer, spec: GraphSpec):
+    def __init__(self, layer: GdnLayer, mode: LayerMode):
         super().__init__()
-        self.layer, self.spec = layer, spec
+        self.layer, self.mode = layer, mode
+
+    def forward(self, step: StepInput, state: LayerState, extra):
+        return self.layer.run(self.mode, step, state, extra)
+
+
+class ModeGraph(nn.Module):
+    """The layers of a GraphSpec (one layer, or the run of a stack graph) in its mode with the spec's flat I/O:
+    forward(*inputs) -> outputs, both in spec order. Each layer's weights are graph inputs (bound to its buffers
+    with `torch.func.functional_call`, so tracing turns them into inputs, not initializers) unless the spec keeps
+    them inside (`weights_inside`)."""
+
+    def __init__(self, layers: GdnLayer | list[GdnLayer], spec: GraphSpec):
+        super().__init__()
+        layers = [layers] if isinstance(layers, GdnLayer) else list(layers)
+        if tuple(la.index for la in layers) != spec.layer_ids:
+            raise ValueError(f"{spec.stem} runs layers {spec.layer_ids}, got {[la.index for la in layers]}")
+        self.runs = nn.ModuleList(_Run(la, spec.mode) for la in layers)
+        self.spec = spec
 
     def forward(self, *args: Tensor) -> tuple[Tensor, ...]:
-        t = dict(zip(self.spec.input_names, args))
-        mode = self.spec.mode
+        shared: dict[str, Tensor] = {}
+        local: dict[int, dict[str, Tensor]] = {i: {} for i in self.spec.layer_ids}
+        for ts, a in zip(self.spec.inputs, args):
+            (shared if ts.layer is None else local[ts.layer])[ts.local] = a
+        x = shared["streams"] if "streams" in shared else shared["x"]
+        residual, buffers = shared.get("residual"), []
+        for run in self.runs:
+            t = {**shared, **local[run.layer.index]}
+            res = self._layer(run, t, x, residual)
+            x, residual = res[0].x, res[0].residual
+            buffers += [b for part in res[1:] for b in (part.conv, part.ssm, part.ple_conv) if b is not None]
+        return (x, *([] if residual is None else [residual]), *buffers)
+
+    def _layer(self, run: _Run, t: dict[str, Tensor], x: Tensor, residual: Tensor | None):
+        """One layer on its inputs `t` (local names): the result of `GdnLayer.run`."""
         lora = None
         if "lora_idx" in t:
             slots = {s.target: SlotWeights(t[f"lora_{s.target.value}_a"], t[f"lora_{s.target.value}_b"])
-                     for s in self.spec.limits.lora.layer_sites(self.layer.cfg, self.layer.index)}
+                     for s in self.spec.limits.lora.layer_sites(run.layer.cfg, run.layer.index)}
             lora = LoraInput(t["lora_idx"], slots)
-        step = StepInput(t["streams"] if "streams" in t else t["x"], Packing(t["cu_seqlens"], t["slots"]),
-                         t.get("residual"), t.get("ple_rows"), lora)
+        step = StepInput(x, Packing(t["cu_seqlens"], t["slots"]), residual, t.get("ple_rows"), lora)
         state = LayerState(t["conv_pool"], t["ssm_pool"], t.get("ple_conv_pool"))
-        extra = None
-        if mode.spec.writes is Writes.STASH:
+        extra, writes = None, self.spec.mode.spec.writes
+        if writes is Writes.STASH:
             extra = StateStash(t["conv_stash"], t["ssm_stash"], t.get("ple_conv_stash"))
-        elif mode.spec.writes is Writes.POOLS_CAPTURE:
+        elif writes is Writes.POOLS_CAPTURE:
             extra = StateCapture(t["capture_at"], t["conv_capture"], t["ssm_capture"], t.get("ple_conv_capture"))
-        res = self.layer.run(mode, step, state, extra)
-        out = res[0]
-        acts = [out.x] if out.residual is None else [out.x, out.residual]
-        buffers = [b for part in res[1:] for b in (part.conv, part.ssm, part.ple_conv) if b is not None]
-        return (*acts, *buffers)
+        if self.spec.weights_inside:
+            return run(step, state, extra)
+        weights = {f"layer.{n}": t[n] for n in run.layer.weights()}
+        return torch.func.functional_call(run, weights, (step, state, extra))
 
 
 def translation_table() -> dict:
@@ -105,7 +138,7 @@ def _clean(model: onnx.ModelProto, spec: GraphSpec) -> onnx.ModelProto:
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     for i, node in enumerate(graph.nodes):
         node.name = f"{node.domain + '::' if node.domain else ''}{node.op}_{i}"
-    graph.name = f"{spec.model}.layer{spec.layer_idx}.{spec.stem}"
+    graph.name = f"{spec.model}.{spec.folder}.{spec.stem}"
     out = gs.export_onnx(graph)
     for n in out.graph.node:
         del n.metadata_props[:]  # exporter stack traces: absolute paths, not a function of the inputs
@@ -128,10 +161,11 @@ def _attach_functions(model: onnx.ModelProto) -> None:
         model.opset_import.append(onnx.helper.make_opsetid(NAMESPACE, 1))
 
 
-def export_graph(layer: GdnLayer, spec: GraphSpec, path: Path) -> Path:
-    """Export `layer` under `spec` to `path` (+ `path.data` for the weights) and check the saved file."""
+def export_graph(layers: GdnLayer | list[GdnLayer], spec: GraphSpec, path: Path) -> Path:
+    """Export `layers` (the spec's one layer, or its stack run) under `spec` to `path` (+ `path.data` for weights
+    inside the graph, `--embed-weights`) and check the saved file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    wrapper = ModeGraph(layer, spec).eval()
+    wrapper = ModeGraph(layers, spec).eval()
     chatter = io.StringIO()
     # the exporter prints its phases and warns about dims it renames; failures still raise with the full story
     registry_log = logging.getLogger("torch.onnx._internal.exporter._registration")
@@ -154,8 +188,9 @@ def export_graph(layer: GdnLayer, spec: GraphSpec, path: Path) -> Path:
     return path
 
 
-def export_mode(layer: GdnLayer, mode: LayerMode, out_dir: str | Path, limits: Limits = Limits()) -> Path:
-    """Export one mode of `layer` to `<out_dir>/<mode>[+hc][+ple].onnx`; returns the path."""
-    act = dtype_name(layer.dtype)
-    spec = graph_spec(layer.cfg, layer.index, mode, limits, act)
+def export_mode(layer: GdnLayer, mode: LayerMode, out_dir: str | Path, limits: Limits = Limits(),
+                weights: bool = True) -> Path:
+    """Export one mode of `layer` to `<out_dir>/<mode>[+hc][+ple].onnx` (weights as inputs unless `weights` is
+    False); returns the path."""
+    spec = graph_spec(layer.cfg, layer.index, mode, limits, dtype_name(layer.dtype), weights)
     return export_graph(layer, spec, Path(out_dir) / f"{spec.stem}.onnx")

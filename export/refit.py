@@ -1,5 +1,10 @@
 """`gdn-trt refit`: new weights (e.g. a merged LoRA adapter) into plans built with `--refittable`, without a rebuild.
 
+Only for plans that hold their weights (exported with `--embed-weights`): the default export takes the weights as
+graph inputs, where a merged adapter is a rebinding of the weights the runtime holds and nothing is refitted. Kept
+for plans used outside this runtime (trtexec, Polygraphy, a C++ loader that wants TensorRT to fold the weights);
+the runtime refuses plans with weights inside, since each mode's plan would hold its own copy.
+
 A merged adapter changes weight values only (W' = W + scale B A on the target projections): exported again with
 `gdn-trt export --adapter`, the graphs keep every node and every initializer name, shape and dtype, which is what
 TensorRT's `OnnxParserRefitter` needs to match the new weights to the engine's. `check_refit_pair` checks exactly
@@ -64,6 +69,10 @@ def refit_plans(manifest: Manifest, engines: Path, modes: tuple[LayerMode, ...] 
         if not meta_path.exists():
             raise FileNotFoundError(f"{plan}: no plan manifest; build it with gdn-trt build --refittable")
         meta = json.loads(meta_path.read_text())
+        if not rec.spec.weights_inside:
+            raise ValueError(f"{rec.path}: its weights are graph inputs, so there is nothing to refit: a merged "
+                             "adapter is installed by binding the merged weights (Session.open on the merged "
+                             "checkpoint, same plans); refit serves plans exported with --embed-weights")
         if not meta.get("refittable"):
             raise ValueError(f"{plan} was built without --refittable: rebuild it (gdn-trt build --refittable)")
         if meta["graph_spec"] != rec.spec.to_json():

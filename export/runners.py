@@ -1,8 +1,8 @@
 """Polygraphy runners over one exported graph: eager torch, ONNX Runtime, TensorRT.
 
-- `TorchRunner` (a `BaseRunner`) runs the layer's mode eagerly through the same `ModeGraph` wrapper the exporter
-  traced, on CPU (float64-checked references) or CUDA (Triton kernels); buffers are copied first because eager
-  runs update them in place.
+- `TorchRunner` (a `BaseRunner`) runs the layers' mode eagerly through the same `ModeGraph` wrapper the exporter
+  traced (the fed weight inputs bound to the layers' buffers, as in the graph), on CPU (float64-checked
+  references) or CUDA (Triton kernels); buffers are copied first because eager runs update them in place.
 - `onnxrt_runner` is Polygraphy's `OnnxrtRunner` on the exported file: the custom nodes run their function bodies.
 - `trt_runner` is Polygraphy's `TrtRunner` on a plan from `gdn-trt build` (or built now from the ONNX file); the
   plugin modules are imported first, since JIT plugins must be registered in the deserialising process.
@@ -29,15 +29,16 @@ _NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
 
 
 class TorchRunner(BaseRunner):
-    """The PyTorch layer in the graph's mode, with the graph's inputs and outputs."""
+    """The PyTorch layers of the graph (one, or a stack's run) in its mode, with the graph's inputs and outputs."""
 
-    def __init__(self, layer: GdnLayer, spec: GraphSpec, device: str = "cpu"):
+    def __init__(self, layers: GdnLayer | list[GdnLayer], spec: GraphSpec, device: str = "cpu"):
         super().__init__(name=f"torch-{device}", prefix="torch-runner")
-        self.layer, self.spec, self.device = layer, spec, torch.device(device)
+        self.layers = [layers] if isinstance(layers, GdnLayer) else list(layers)
+        self.spec, self.device = spec, torch.device(device)
         self.graph: ModeGraph | None = None
 
     def activate_impl(self):
-        self.graph = ModeGraph(self.layer.to(self.device), self.spec).eval()
+        self.graph = ModeGraph([la.to(self.device) for la in self.layers], self.spec).eval()
 
     def get_input_metadata_impl(self):
         meta = TensorMetadata()

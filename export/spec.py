@@ -9,8 +9,15 @@ address of the input it updates.
 Symbols: `T` tokens, `N` sequences (`N+1` for cu_seqlens), `S` pool slots. Input order: activations, packing
 (cu_seqlens, slots[, capture_at]), pools, then stashes (verify modes) or captures (prefill modes), then, when the
 limits enable per-sequence LoRA (`Limits.lora`), `lora_idx [T] int32` (slot per token, -1 = none) and per target
-`lora_<target>_a [L, R, in]` / `lora_<target>_b [L, R, out]` (static: L adapter slots of rank R; read only).
+`lora_<target>_a [L, R, in]` / `lora_<target>_b [L, R, out]` (static: L adapter slots of rank R; read only), then
+the layer's weights (role weight, static shapes, named as `GdnLayer.weights()` names them, e.g. `mixer.in_proj`;
+absent from graphs exported with the weights inside, `--embed-weights`).
 Outputs: activations, then the updated buffers in input order, each named `<input>_out` and aliased to its input.
+
+A stack graph runs a run of consecutive GDN layers (`gdn_runs`) in one graph: `layer_ids` lists them, every tensor
+of one layer (PLE rows, pools, stashes, captures, adapter slots, weights) is named `l<i>.<name>` and records its
+`layer`, and the activations, the packing and `lora_idx` are shared; each group keeps its place in the order above,
+layer by layer. A one-layer graph is the stack of its layer with the prefix left out.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import torch
 
 from gdn_trt.model.config import GdnConfig
 from gdn_trt.model.dtypes import ACTIVATION_DTYPES, DTYPES
+from gdn_trt.model.layer import weight_shapes
 from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.modes import SEQS, TOKENS, LayerMode, Split, Writes
 
@@ -50,6 +58,7 @@ class Role(str, enum.Enum):
     STASH = "stash"  # [T, ...] state after each token (verify modes)
     CAPTURE = "capture"  # [N, ...] prefix snapshot (prefill modes)
     ADAPTER = "adapter"  # [L, R, ...] LoRA adapter slots (read only, static shape)
+    WEIGHT = "weight"  # a layer's weights (read only, static shape), bound from the runtime's one copy
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,13 @@ class TensorSpec:
     dims: tuple[int | str, ...]
     role: Role
     aliases: str | None = None  # outputs: the input this output updates (same shape, dtype and address)
+    layer: int | None = None  # the GDN layer whose state, rows, slots or weights it is (None: shared)
+
+    @property
+    def local(self) -> str:
+        """The name within its layer (a stack graph's `l<i>.` prefix removed)."""
+        pre = f"l{self.layer}."
+        return self.name[len(pre):] if self.layer is not None and self.name.startswith(pre) else self.name
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -139,6 +155,32 @@ class GraphSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     buckets: tuple[Bucket, ...] = field(default=())
+    layer_ids: tuple[int, ...] = ()  # the layers the graph runs, in order; () = (layer_idx,)
+
+    def __post_init__(self) -> None:
+        if not self.layer_ids:
+            object.__setattr__(self, "layer_ids", (self.layer_idx,))
+        if self.layer_ids[0] != self.layer_idx:
+            raise ValueError(f"GraphSpec: layer_idx {self.layer_idx} must be the first of layer_ids {self.layer_ids}")
+
+    @property
+    def is_stack(self) -> bool:
+        return len(self.layer_ids) > 1
+
+    @property
+    def where(self) -> str:
+        """'layer 3' or 'layers 3-5' (logs and summaries)."""
+        return f"layers {self.layer_ids[0]}-{self.layer_ids[-1]}" if self.is_stack else f"layer {self.layer_idx}"
+
+    @property
+    def folder(self) -> str:
+        """The folder of the graph's files in an export or engines folder: `layer<i>` or `stack<first>-<last>`."""
+        return f"stack{self.layer_ids[0]}-{self.layer_ids[-1]}" if self.is_stack else f"layer{self.layer_idx}"
+
+    @property
+    def weights_inside(self) -> bool:
+        """True when the weights are initializers of the graph (exported with --embed-weights), not inputs."""
+        return not any(t.role is Role.WEIGHT for t in self.inputs)
 
     @property
     def stem(self) -> str:
@@ -189,7 +231,7 @@ class GraphSpec:
             if missing or extra:
                 problems.append(f"{what}: missing {missing}, extra {extra}")
         if problems:
-            raise ValueError(f"{self.stem} (layer {self.layer_idx}) does not match its GraphSpec: "
+            raise ValueError(f"{self.stem} ({self.where}) does not match its GraphSpec: "
                              + "; ".join(problems))
 
     def to_json(self) -> dict:
@@ -201,7 +243,7 @@ class GraphSpec:
     @staticmethod
     def from_json(d: dict) -> "GraphSpec":
         ts = lambda xs: tuple(TensorSpec(x["name"], x["dtype"], tuple(x["dims"]), Role(x["role"]),  # noqa: E731
-                                         x["aliases"]) for x in xs)
+                                         x["aliases"], x.get("layer")) for x in xs)
         lim = dict(d["limits"])
         lora = lim.pop("lora", None)  # absent in manifests written before LoRA slots existed
         limits = Limits(**{k: tuple(v) if isinstance(v, list) else v for k, v in lim.items()},
@@ -209,7 +251,8 @@ class GraphSpec:
                                                                   tuple(lora["targets"])))
         buckets = tuple(Bucket(tuple((s, tuple(r)) for s, r in b["ranges"])) for b in d["buckets"])
         return GraphSpec(d["model"], d["config_hash"], d["layer_idx"], LayerMode(d["mode"]), Variant(d["variant"]),
-                         d["act_dtype"], limits, ts(d["inputs"]), ts(d["outputs"]), buckets)
+                         d["act_dtype"], limits, ts(d["inputs"]), ts(d["outputs"]), buckets,
+                         tuple(d.get("layer_ids") or (d["layer_idx"],)))  # absent before stack graphs existed
 
 
 def _eval_dim(d: str, sizes: dict[str, int]) -> int:
@@ -244,54 +287,121 @@ def _buckets(mode: LayerMode, lim: Limits) -> tuple[Bucket, ...]:
     return (Bucket((*tokens(1), S)),)
 
 
-def graph_spec(cfg: GdnConfig, layer_idx: int, mode: LayerMode, limits: Limits,
-               act_dtype: str | None = None) -> GraphSpec:
-    """The GraphSpec of GDN layer `layer_idx` of `cfg` in `mode` (activations in `act_dtype`, default cfg.dtype)."""
-    if layer_idx not in cfg.gdn_layer_ids:
-        raise ValueError(f"layer {layer_idx} is not a GDN layer of {cfg.name}; GDN layers: {cfg.gdn_layer_ids}")
+def gdn_runs(cfg: GdnConfig, ids: tuple[int, ...] | None = None) -> list[tuple[int, ...]]:
+    """The maximal runs of consecutive GDN layers among `ids` (default: all of `cfg`) that nothing of the host's
+    separates, in order: one stack graph (one enqueue per step) can run each. A run ends where the next GDN layer
+    is not the next decoder layer (an attention layer, or a layer left out of `ids`, lies between) and after a GDN
+    layer without a dense MLP: that decoder layer's FFN (Qwen3-Next's and Qwen4-Exp's MoE) runs in the host
+    between the two mixers, so fusing across it would skip it."""
+    ids = tuple(cfg.gdn_layer_ids if ids is None else ids)
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1 and cfg.has_mlp(runs[-1][-1]):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return [tuple(r) for r in runs]
+
+
+def _check_layers(cfg: GdnConfig, ids: tuple[int, ...]) -> None:
+    bad = [i for i in ids if i not in cfg.gdn_layer_ids]
+    if bad or not ids:
+        raise ValueError(f"layer {bad[0] if bad else ids} is not a GDN layer of {cfg.name}; GDN layers: "
+                         f"{cfg.gdn_layer_ids}")
+    if len(ids) > 1 and gdn_runs(cfg, ids) != [ids]:
+        raise ValueError(f"layers {list(ids)} of {cfg.name} are not one run of consecutive GDN layers with nothing "
+                         f"of the host's between them (runs of this config: {gdn_runs(cfg)})")
+
+
+@dataclass(frozen=True)
+class _LayerIo:
+    """One layer's tensors of a graph, by group (each group keeps its place in the input order)."""
+
+    ple: list[TensorSpec]
+    pools: list[TensorSpec]
+    buffers: list[TensorSpec]  # stashes (verify) or captures (prefill)
+    updated: list[TensorSpec]  # the inputs this mode writes, in input order
+    lora: list[TensorSpec]
+    weights: list[TensorSpec]
+
+
+def _layer_io(cfg: GdnConfig, i: int, mode: LayerMode, limits: Limits, act: str, names: "_Names") -> _LayerIo:
+    T, N = mode.spec.tokens, mode.spec.seqs
+    pre, ple = names.prefix(i), cfg.has_ple(i)
+    state = [("conv", act, cfg.conv_state_shape), ("ssm", "float32", cfg.ssm_state_shape)]
+    if ple:
+        state.append(("ple_conv", act, cfg.ple_conv_state_shape))
+    pools = [TensorSpec(f"{pre}{s}_pool", dt, (SLOTS, *shape), Role.POOL, layer=i) for s, dt, shape in state]
+    writes = mode.spec.writes
+    buffers = []
+    if writes is Writes.STASH:
+        buffers = [TensorSpec(f"{pre}{s}_stash", dt, (T, *shape), Role.STASH, layer=i) for s, dt, shape in state]
+    elif writes is Writes.POOLS_CAPTURE:
+        buffers = [TensorSpec(f"{pre}{s}_capture", dt, (N, *shape), Role.CAPTURE, layer=i) for s, dt, shape in state]
+    updated = buffers if writes is Writes.STASH else pools + buffers
+    weights = []
+    if names.weights:
+        weights = [TensorSpec(pre + n, "float32" if gate else act, shape, Role.WEIGHT, layer=i)
+                   for n, (shape, gate) in weight_shapes(cfg, i).items()]
+    return _LayerIo([TensorSpec(f"{pre}ple_rows", act, (T, cfg.ple_heads, cfg.ple_head_dim), Role.ACTIVATION,
+                                layer=i)] if ple else [],
+                    pools, buffers, updated, lora_slots(cfg, i, limits.lora, act, pre), weights)
+
+
+@dataclass(frozen=True)
+class _Names:
+    stack: bool
+    weights: bool
+
+    def prefix(self, i: int) -> str:
+        return f"l{i}." if self.stack else ""
+
+
+def graph_spec(cfg: GdnConfig, layers: int | tuple[int, ...], mode: LayerMode, limits: Limits,
+               act_dtype: str | None = None, weights: bool = True) -> GraphSpec:
+    """The GraphSpec of GDN layer `layers` of `cfg` in `mode` (activations in `act_dtype`, default cfg.dtype), or,
+    for a tuple of two or more layers (one run of `gdn_runs`), of their stack graph: the layers in order, each
+    one's tensors named `l<i>.<name>`, the activations, packing and `lora_idx` shared. `weights`: the layers'
+    weights as graph inputs (role weight, static shapes, last), bound by the runtime from its one copy of each
+    layer; False = inside the graph as initializers (`gdn-trt export --embed-weights`)."""
+    ids = (layers,) if isinstance(layers, int) else tuple(layers)
+    _check_layers(cfg, ids)
     act = act_dtype or cfg.dtype
     if act not in ACTIVATION_DTYPES:
         raise ValueError(f"activation dtype must be float32, bfloat16 or float16, got {act}")
-    variant = Variant.of(cfg, layer_idx)
+    names = _Names(len(ids) > 1, weights)
+    variant = max((Variant.of(cfg, i) for i in ids), key=list(Variant).index)
     T, N = mode.spec.tokens, mode.spec.seqs
     n1 = 2 if N == 1 else f"{SEQS}+1"
     A, I = Role.ACTIVATION, Role.INDEX
     acts = [TensorSpec("x", act, (T, cfg.hidden_size), A), TensorSpec("residual", act, (T, cfg.hidden_size), A)]
     if variant is not Variant.PLAIN:
         acts = [TensorSpec("streams", act, (T, cfg.stream_dim), A)]
-    ins = list(acts)
-    if variant is Variant.HC_PLE:
-        ins.append(TensorSpec("ple_rows", act, (T, cfg.ple_heads, cfg.ple_head_dim), A))
+    per = [_layer_io(cfg, i, mode, limits, act, names) for i in ids]
+    ins = acts + [t for p in per for t in p.ple]
     ins += [TensorSpec("cu_seqlens", "int32", (n1,), I), TensorSpec("slots", "int32", (N,), I)]
-    writes = mode.spec.writes
-    if writes is Writes.POOLS_CAPTURE:
+    if mode.spec.writes is Writes.POOLS_CAPTURE:
         ins.append(TensorSpec("capture_at", "int32", (N,), I))
-    state = [("conv", act, cfg.conv_state_shape), ("ssm", "float32", cfg.ssm_state_shape)]
-    if variant is Variant.HC_PLE:
-        state.append(("ple_conv", act, cfg.ple_conv_state_shape))
-    pools = [TensorSpec(f"{s}_pool", dt, (SLOTS, *shape), Role.POOL) for s, dt, shape in state]
-    ins += pools
-    updated = [] if writes is Writes.STASH else list(pools)
-    if writes is Writes.STASH:
-        updated = [TensorSpec(f"{s}_stash", dt, (T, *shape), Role.STASH) for s, dt, shape in state]
-    elif writes is Writes.POOLS_CAPTURE:
-        updated += [TensorSpec(f"{s}_capture", dt, (N, *shape), Role.CAPTURE) for s, dt, shape in state]
-    ins += [t for t in updated if t.role is not Role.POOL]
-    ins += lora_inputs(cfg, layer_idx, limits.lora, act, T)
+    ins += [t for p in per for t in p.pools] + [t for p in per for t in p.buffers]
+    if limits.lora is not None:
+        ins.append(TensorSpec("lora_idx", "int32", (T,), I))
+    ins += [t for p in per for t in p.lora] + [t for p in per for t in p.weights]
     outs = [TensorSpec(t.name + "_out", t.dtype, t.dims, A) for t in acts]
-    outs += [TensorSpec(t.name + "_out", t.dtype, t.dims, t.role, aliases=t.name) for t in updated]
-    return GraphSpec(cfg.name, cfg.config_hash(), layer_idx, mode, variant, act, limits, tuple(ins), tuple(outs),
-                     _buckets(mode, limits))
+    outs += [TensorSpec(t.name + "_out", t.dtype, t.dims, t.role, aliases=t.name, layer=t.layer)
+             for p in per for t in p.updated]
+    return GraphSpec(cfg.name, cfg.config_hash(), ids[0], mode, variant, act, limits, tuple(ins), tuple(outs),
+                     _buckets(mode, limits), ids)
 
 
-def lora_inputs(cfg: GdnConfig, layer_idx: int, lora: LoraLimits | None, act: str, tokens: int | str
-                ) -> list[TensorSpec]:
-    """`lora_idx` and the adapter slots of every LoRA target of the layer (none without `lora`)."""
+def lora_slots(cfg: GdnConfig, layer_idx: int, lora: LoraLimits | None, act: str, prefix: str = ""
+               ) -> list[TensorSpec]:
+    """The adapter slots of every LoRA target of the layer: `<prefix>lora_<target>_a [L, R, in]` and `_b [L, R,
+    out]` (none without `lora`); `lora_idx`, shared by the layers of a stack, is not among them."""
     if lora is None:
         return []
     L, R = lora.max_adapters, lora.max_rank
-    out = [TensorSpec("lora_idx", "int32", (tokens,), Role.INDEX)]
+    out = []
     for s in lora.layer_sites(cfg, layer_idx):
-        out += [TensorSpec(f"lora_{s.target.value}_a", act, (L, R, s.in_dim), Role.ADAPTER),
-                TensorSpec(f"lora_{s.target.value}_b", act, (L, R, s.out_dim), Role.ADAPTER)]
+        out += [TensorSpec(f"{prefix}lora_{s.target.value}_a", act, (L, R, s.in_dim), Role.ADAPTER, layer=layer_idx),
+                TensorSpec(f"{prefix}lora_{s.target.value}_b", act, (L, R, s.out_dim), Role.ADAPTER, layer=layer_idx)]
     return out

@@ -65,7 +65,7 @@ def tol(dtype: torch.dtype | str, output: str = "") -> Tol:
 
 
 def output_kind(spec: GraphSpec, output: str) -> str:
-    if output.startswith(("conv_", "ple_conv_")):
+    if spec.output(output).local.startswith(("conv_", "ple_conv_")):  # a stack's `l<i>.` prefix removed
         return "conv"
     return "chunked" if spec.mode.spec.gdn is GDN_CHUNKED else "recurrent"
 

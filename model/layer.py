@@ -29,9 +29,19 @@ from .modes import LayerMode, Writes
 from .norms import gated_rms_norm, rms_norm_1p
 from .state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
 from .tp import TpError, TpSpec
-from .weights import LayerWeights
+from .weights import INTEGER_WEIGHTS, LayerWeights
 
 _GATE_PARAMS = ("dt_bias", "A_log")  # kept at fp32 or wider whatever the activation dtype
+
+
+def weight_shapes(cfg: GdnConfig, layer_idx: int) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """`GdnLayer.weights()` name -> (shape, gate) for GDN layer `layer_idx` of `cfg`, from the config alone, in the
+    layer's buffer order; gate: kept at fp32 or wider whatever the activation dtype (A_log, dt_bias)."""
+    shapes = LayerWeights.shapes(cfg, layer_idx)
+    out = {name: (shape, name.rpartition(".")[2] in _GATE_PARAMS) for name, shape in shapes.items()
+           if "." in name and name not in INTEGER_WEIGHTS}
+    out.update({f"norms.{name}": (shape, False) for name, shape in shapes.items() if "." not in name})
+    return out
 
 
 class _Part(nn.Module):
@@ -125,6 +135,11 @@ class GdnLayer(nn.Module):
         # the glue around the kernels (norms, gates, residual adds): None = the fused kernels of plugins/glue on
         # CUDA and the torch code elsewhere; True / False force one (tests compare the two on one device)
         self.fused_glue: bool | None = None
+
+    def weights(self) -> dict[str, Tensor]:
+        """Buffer name -> tensor of every floating-point weight the layer computes with (`weight_shapes`): what a
+        graph exported with weights as inputs takes, bound from this one copy by every engine of the layer."""
+        return {n: b for n, b in self.named_buffers() if b.is_floating_point()}
 
     # ---- entry points, one per LayerMode ----
     def decode(self, step: StepInput, state: LayerState) -> tuple[StepOutput, LayerState]:

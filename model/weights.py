@@ -48,6 +48,13 @@ def _check(name: str, t: Tensor, shape: tuple[int, ...], integer: bool = False) 
         raise ValueError(f"weight {name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
+def _check_part(prefix: str, part, cfg: GdnConfig) -> None:
+    """Every tensor of a weights dataclass against its `shapes(cfg)` table (integer: its `INTEGER` names)."""
+    integer = getattr(part, "INTEGER", ())
+    for name, shape in part.shapes(cfg).items():
+        _check(f"{prefix}.{name}", getattr(part, name), shape, integer=name in integer)
+
+
 @dataclass
 class MixerWeights:
     """GDN mixer: in_proj [in_proj_dim, C], conv [conv_dim, W], dt_bias / A_log [HV], norm [V], out_proj [C, HV*V]."""
@@ -59,13 +66,15 @@ class MixerWeights:
     norm: Tensor
     out_proj: Tensor
 
-    def check(self, cfg: GdnConfig) -> None:
+    @staticmethod
+    def shapes(cfg: GdnConfig) -> dict[str, tuple[int, ...]]:
         HV = cfg.linear_num_value_heads
-        for name, shape in (("in_proj", (cfg.in_proj_dim, cfg.hidden_size)),
-                            ("conv", (cfg.conv_dim, cfg.linear_conv_kernel_dim)), ("dt_bias", (HV,)),
-                            ("A_log", (HV,)), ("norm", (cfg.linear_value_head_dim,)),
-                            ("out_proj", (cfg.hidden_size, cfg.value_dim))):
-            _check(f"mixer.{name}", getattr(self, name), shape)
+        return {"in_proj": (cfg.in_proj_dim, cfg.hidden_size), "conv": (cfg.conv_dim, cfg.linear_conv_kernel_dim),
+                "dt_bias": (HV,), "A_log": (HV,), "norm": (cfg.linear_value_head_dim,),
+                "out_proj": (cfg.hidden_size, cfg.value_dim)}
+
+    def check(self, cfg: GdnConfig) -> None:
+        _check_part("mixer", self, cfg)
 
 
 @dataclass
@@ -75,9 +84,13 @@ class MlpWeights:
     gate_up: Tensor
     down: Tensor
 
+    @staticmethod
+    def shapes(cfg: GdnConfig) -> dict[str, tuple[int, ...]]:
+        return {"gate_up": (2 * cfg.intermediate_size, cfg.hidden_size),
+                "down": (cfg.hidden_size, cfg.intermediate_size)}
+
     def check(self, cfg: GdnConfig) -> None:
-        _check("mlp.gate_up", self.gate_up, (2 * cfg.intermediate_size, cfg.hidden_size))
-        _check("mlp.down", self.down, (cfg.hidden_size, cfg.intermediate_size))
+        _check_part("mlp", self, cfg)
 
 
 @dataclass
@@ -89,10 +102,13 @@ class HcWeights:
     up: Tensor
     inject: Tensor
 
-    def check(self, cfg: GdnConfig) -> None:
+    @staticmethod
+    def shapes(cfg: GdnConfig) -> dict[str, tuple[int, ...]]:
         nC, R = cfg.stream_dim, cfg.hc_lowrank
-        for name, shape in (("norm", (nC,)), ("down", (R, nC)), ("up", (nC, R)), ("inject", (cfg.hc_count, nC))):
-            _check(f"hc.{name}", getattr(self, name), shape)
+        return {"norm": (nC,), "down": (R, nC), "up": (nC, R), "inject": (cfg.hc_count, nC)}
+
+    def check(self, cfg: GdnConfig) -> None:
+        _check_part("hc", self, cfg)
 
 
 @dataclass
@@ -111,13 +127,17 @@ class PleWeights:
     head_sizes: Tensor
     head_offsets: Tensor
 
-    def check(self, cfg: GdnConfig) -> None:
+    INTEGER = ("multipliers", "head_sizes", "head_offsets")  # hash constants (int64): the runtime's PLE hashing
+
+    @staticmethod
+    def shapes(cfg: GdnConfig) -> dict[str, tuple[int, ...]]:
         nC, E = cfg.stream_dim, cfg.ple_embed_dim
-        for name, shape in (("key_proj", (nC, E)), ("value_proj", (cfg.hidden_size, E)), ("norm_key", (nC,)),
-                            ("norm_query", (nC,)), ("norm_conv", (nC,)), ("conv", (nC, cfg.ple_conv_kernel_size)),
-                            ("multipliers", (cfg.ngram_size,)), ("head_sizes", (cfg.ple_heads,)),
-                            ("head_offsets", (cfg.ple_heads,))):
-            _check(f"ple.{name}", getattr(self, name), shape, integer=name.startswith(("multipliers", "head_")))
+        return {"key_proj": (nC, E), "value_proj": (cfg.hidden_size, E), "norm_key": (nC,), "norm_query": (nC,),
+                "norm_conv": (nC,), "conv": (nC, cfg.ple_conv_kernel_size), "multipliers": (cfg.ngram_size,),
+                "head_sizes": (cfg.ple_heads,), "head_offsets": (cfg.ple_heads,)}
+
+    def check(self, cfg: GdnConfig) -> None:
+        _check_part("ple", self, cfg)
 
 
 @dataclass
@@ -133,15 +153,30 @@ class LayerWeights:
     mlp_hc: HcWeights | None = None
     ple: PleWeights | None = None
 
+    @staticmethod
+    def wanted(cfg: GdnConfig, i: int) -> dict[str, bool]:
+        """Part name -> whether GDN layer `i` of `cfg` has it."""
+        return {"mixer": True, "input_norm": not cfg.is_hc, "post_norm": not cfg.is_hc and cfg.has_mlp(i),
+                "mlp": cfg.has_mlp(i), "attn_hc": cfg.is_hc, "mlp_hc": cfg.is_hc and cfg.has_mlp(i),
+                "ple": cfg.has_ple(i)}
+
+    @staticmethod
+    def shapes(cfg: GdnConfig, i: int) -> dict[str, tuple[int, ...]]:
+        """`named_tensors()` name -> shape of every tensor GDN layer `i` of `cfg` holds (the one shape table)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for name, needed in LayerWeights.wanted(cfg, i).items():
+            if needed and name in _PARTS:
+                out.update({f"{name}.{k}": v for k, v in _PARTS[name].shapes(cfg).items()})
+            elif needed:
+                out[name] = (cfg.hidden_size,)
+        return out
+
     def check(self, cfg: GdnConfig) -> None:
         """Every part the config asks for is present with its shape, and nothing else."""
         i = self.index
         if cfg.layer_types[i] != "linear_attention":
             raise ValueError(f"layer {i} is {cfg.layer_types[i]}, not a GDN layer")
-        want = {"mixer": True, "input_norm": not cfg.is_hc, "post_norm": not cfg.is_hc and cfg.has_mlp(i),
-                "mlp": cfg.has_mlp(i), "attn_hc": cfg.is_hc, "mlp_hc": cfg.is_hc and cfg.has_mlp(i),
-                "ple": cfg.has_ple(i)}
-        for name, needed in want.items():
+        for name, needed in LayerWeights.wanted(cfg, i).items():
             have = getattr(self, name) is not None
             if have != needed:
                 raise ValueError(f"layer {i}: {name} is {'missing' if needed else 'unexpected'} for this config")
@@ -171,6 +206,10 @@ class LayerWeights:
             elif v is not None and f.name != "index":
                 out.update({f"{f.name}.{g.name}": getattr(v, g.name) for g in fields(v)})
         return out
+
+
+_PARTS = {"mixer": MixerWeights, "mlp": MlpWeights, "attn_hc": HcWeights, "mlp_hc": HcWeights, "ple": PleWeights}
+INTEGER_WEIGHTS = tuple(f"ple.{n}" for n in PleWeights.INTEGER)  # `named_tensors()` names of the hash constants
 
 
 def is_float(t: Tensor) -> bool:

@@ -11,7 +11,6 @@ import logging
 import torch
 
 from gdn_trt.model.config import GdnConfig
-from gdn_trt.model.dtypes import dtype_name
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.state import StepOutput
@@ -65,8 +64,10 @@ def trt_unavailable(device: torch.device, engines_dir: str | None) -> str | None
 def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None, device: torch.device,
                   pool_rows: int, match: PlanMatch = PlanMatch()) -> list[list[Engine]]:
     """Per layer, the candidate engines in preference order. 'torch': the PyTorch modes; 'trt': the plans of
-    `engines_dir` only (an error when TensorRT cannot serve); 'auto': the plans when TensorRT can serve, with the
-    PyTorch modes behind them for what the plans' profiles do not cover (each such choice is logged)."""
+    `engines_dir` only (an error when TensorRT cannot serve): a stack engine over the layer's run first where
+    stack plans exist, then the layer's own plans; 'auto': the plans when TensorRT can serve, with the PyTorch
+    modes behind them for what the plans' profiles do not cover (each such choice is logged). Every TensorRT plan
+    binds the weights of `layers` (one copy per layer, shared with the PyTorch modes)."""
     _check_backend(backend)
     torch_engines: list[list[Engine]] = [[TorchEngine(layer, device)] for layer in layers]
     if backend == "torch":
@@ -79,13 +80,12 @@ def build_engines(backend: str, layers: list[GdnLayer], engines_dir: str | None,
         return torch_engines
     from .trt import load_trt_engines  # imports tensorrt
 
-    act = dtype_name(layers[0].dtype)
-    trt_engines = load_trt_engines(layers[0].cfg, engines_dir, device, act, pool_rows, match)
+    trt_engines = load_trt_engines(layers, engines_dir, pool_rows, match)
     if backend == "trt":
-        return [[e] for e in trt_engines]
+        return trt_engines
     log.info("backend auto -> trt from %s (torch-%s behind it for steps the profiles do not cover)",
              engines_dir, device.type)
-    return [[t, *te] for t, te in zip(trt_engines, torch_engines)]
+    return [[*t, *te] for t, te in zip(trt_engines, torch_engines)]
 
 
 def trt_context_budget(backend: str, engines_dir: str | None, device: torch.device, cfg: GdnConfig, act_dtype: str,

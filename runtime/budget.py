@@ -3,10 +3,12 @@ plan is a TensorRT engine file).
 
 Everything a `Session` allocates is sized here from `GdnConfig` and `RuntimeLimits`: state pools, verify stashes,
 prefill capture buffers, CUDA-graph buckets (static I/O plus the activations their private pools keep), PLE staging
-and the host row cache. `Session.open` computes this budget first and refuses to start, naming the limit to lower,
-when it does not fit the device; `gdn-trt budget` (`gdn_trt.app.cli`) prints the same table. Under tensor
-parallelism the budget is one rank's (`budget(..., tp=N)`, or the config of a rank): its heads' weights and state,
-the replicated parts whole (`model/tp.py`); every rank needs the same.
+and the host row cache; the weights once per layer, since the TensorRT plans take them as inputs bound to the copy the
+PyTorch engine holds. `tests/test_runtime_budget.py` checks that the rows equal what a session holds. `Session.open`
+computes this budget first and refuses to start, naming the limit to lower, when it does not fit the device;
+`gdn-trt budget` (`gdn_trt.app.cli`) prints the same table. Under tensor parallelism the budget is one rank's
+(`budget(..., tp=N)`, or the config of a rank): its heads' weights and state, the replicated parts whole
+(`model/tp.py`); every rank needs the same.
 """
 
 from __future__ import annotations

@@ -27,11 +27,25 @@ class LayerCall:
 
 
 class Engine(abc.ABC):
-    """One GDN layer's executable form. `name` says which backend it is (logged with every choice)."""
+    """One GDN layer's executable form, or one run of consecutive GDN layers' (a stack engine: `layer_ids` lists
+    them, `layer_idx` is the first). `name` says which backend it is (logged with every choice)."""
 
     name: str
     layer_idx: int
     device: torch.device
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        """The layers one call runs, in order: (layer_idx,) for a per-layer engine."""
+        return (self.layer_idx,)
+
+    def run_layers(self, calls: tuple[LayerCall, ...], stream: torch.cuda.Stream | None) -> StepOutput:
+        """One step through all of `layer_ids` in one enqueue: `calls[k]` is layer `layer_ids[k]`'s call, the first
+        carries the activations (the others' `step.x` / `residual` are not read), each its layer's state, step
+        buffers, PLE rows and adapter slots. Returns the last layer's output. A per-layer engine takes one call."""
+        if len(calls) != 1:
+            raise ValueError(f"{self.name} runs layer {self.layer_idx} alone, got {len(calls)} layer calls")
+        return self.run(calls[0], stream)
 
     @abc.abstractmethod
     def modes(self) -> tuple[LayerMode, ...]:

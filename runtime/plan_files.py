@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 from gdn_trt.export.digest import graph_files, sha256_files
+from gdn_trt.export.engine_config import CONFIG_NAME
 from gdn_trt.model.errors import GdnTrtError
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -34,6 +35,8 @@ def read_manifests(root: Path) -> tuple[list[tuple[Path, dict]], list[str]]:
     """(plan manifests as (path, dict), skipped files as 'path: reason') under `root`, in path order."""
     found, skipped = [], []
     for path in sorted(root.rglob("*.json")):
+        if path.name == CONFIG_NAME:  # the engine config beside the plans: `engine_config.read_engine_configs`
+            continue
         try:
             m = json.loads(path.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as e:

@@ -171,6 +171,6 @@ class Selector:
             why = f"the step exceeds the largest graph bucket {max(self.policy.buckets)}"
         if why is None and (mode, bucket) in self.failed_buckets:
             why = f"bucket {bucket} failed its acceptance gate: {self.failed_buckets[(mode, bucket)]}"
-        if why is None and engine.layer_idx in self.ple_layers and not self.policy.ple_hoisted:
+        if why is None and set(engine.layer_ids) & self.ple_layers and not self.policy.ple_hoisted:
             why = "PLE prestage hashes and gathers rows on the host inside the step (hoist it to capture)"
         return why

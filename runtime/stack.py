@@ -102,17 +102,29 @@ class Stack:
         return None
 
     def run(self, mode: LayerMode, engines: tuple[Engine, ...], inp: Packed, ctx: "StepContext") -> Packed:
-        """Run `inp` through the layers of `engines` (a contiguous run of the stack) and return the result."""
+        """Run `inp` through the layers of `engines` (one per layer of a contiguous run of the stack) and return the
+        result. A stack engine (several `layer_ids`) stands at each of its layers and runs them in one call."""
         x, residual = inp.x, inp.residual
-        for eng in engines:
-            i = eng.layer_idx
-            rows = ctx.rows(i) if self.cfg.has_ple(i) else None
-            extra = self.extra(mode, i, x.shape[0], ctx.capture_at)
-            lora = None if inp.lora_idx is None else self.lora.layer_input(i, inp.lora_idx)
-            out = eng.run(LayerCall(mode, StepInput(x, inp.pack, residual, rows, lora), self.pool.layers[i], extra),
-                          ctx.stream)
+        k = 0
+        while k < len(engines):
+            eng = engines[k]
+            ids = eng.layer_ids
+            if tuple(engines[k:k + len(ids)]) != (eng,) * len(ids):
+                n = next((j for j, e in enumerate(engines[k:k + len(ids)]) if e is not eng), len(engines) - k)
+                raise ValueError(f"{eng.name} runs layers {list(ids)} in one call but was chosen for {n} "
+                                 "consecutive layers of the step")
+            calls = tuple(self._call(mode, i, inp, x, residual, ctx) for i in ids)
+            out = eng.run(calls[0], ctx.stream) if len(ids) == 1 else eng.run_layers(calls, ctx.stream)
             x, residual = out.x, out.residual
+            k += len(ids)
         return Packed(x, residual, inp.pack, inp.lora_idx)
+
+    def _call(self, mode: LayerMode, i: int, inp: Packed, x: Tensor, residual: Tensor | None, ctx: "StepContext"
+              ) -> LayerCall:
+        rows = ctx.rows(i) if self.cfg.has_ple(i) else None
+        extra = self.extra(mode, i, x.shape[0], ctx.capture_at)
+        lora = None if inp.lora_idx is None else self.lora.layer_input(i, inp.lora_idx)
+        return LayerCall(mode, StepInput(x, inp.pack, residual, rows, lora), self.pool.layers[i], extra)
 
     @staticmethod
     def hidden(p: Packed) -> Tensor:

@@ -243,6 +243,7 @@ def test_exported_slot_graphs_keep_a_poisoned_slot_to_its_own_sequences(tmp_path
 
     from gdn_trt.export import cli
     from gdn_trt.export.artifacts import Manifest
+    from gdn_trt.export.compare import layers_of, weight_feed
     from gdn_trt.export.data import GraphData
     from gdn_trt.export.spec import Role
     from gdn_trt.model.checkpoint import make_synthetic_checkpoint
@@ -252,8 +253,9 @@ def test_exported_slot_graphs_keep_a_poisoned_slot_to_its_own_sequences(tmp_path
                      "decode_multi_seq,prefill_varlen", "--max-seqs", "4", "--max-tokens", "96", "--pool-slots", "6",
                      "--layers", "0", "--lora-slots", "2", "--lora-rank", "4"]) == 0
     (m,) = Manifest.find(tmp_path / "onnx")
+    layer = layers_of(m, "float32")[0]
     for rec in m.graphs:
-        spec, data = rec.spec, GraphData(rec.spec, iterations=2)
+        spec, data = rec.spec, GraphData(rec.spec, iterations=2, weights=weight_feed(rec.spec, [layer]))
         run = ort.InferenceSession(str(m.root / rec.path), providers=["CPUExecutionProvider"])
         for case, feed in zip(data.cases, data):
             assert 1 in case.adapters and 0 in case.adapters and -1 in case.adapters

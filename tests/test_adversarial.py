@@ -210,7 +210,8 @@ def _manifest_want(orig: dict, new: object) -> Want:
     defaults = {"plan": "g.plan", "merged_adapter": None, "config_hash": CFG.config_hash()}  # find_plans' own
     changed = {k for k in set(orig) | set(new) if orig.get(k, defaults.get(k, KeyError)) != new.get(
                k, defaults.get(k, KeyError)) or type(orig.get(k)) is not type(new.get(k, defaults.get(k)))}
-    if changed & {"config_hash", "plan", "plan_sha256", "onnx_sha256", "merged_adapter"}:
+    # merged_adapter is informational since the weights are graph inputs (any plan of the config serves them)
+    if changed & {"config_hash", "plan", "plan_sha256", "onnx_sha256"}:
         return Want.MUST_REFUSE
     return Want.EITHER if changed else Want.MUST_ACCEPT
 

@@ -9,13 +9,16 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+import torch
 
 from gdn_trt.export import cli
-from gdn_trt.export.compare import CompareOptions, compare_graph, layers_of
+from gdn_trt.export.compare import CompareOptions, compare_graph, layers_of, weight_feed
 from gdn_trt.export.data import GraphData
 from gdn_trt.model.modes import LayerMode, Writes
-from gdn_trt.export.spec import Limits, Variant, graph_spec
+from gdn_trt.export.spec import Limits, Role, Variant, graph_spec
+from gdn_trt.model.checkpoint import random_layer
 from gdn_trt.model.config import preset
+from gdn_trt.model.layer import GdnLayer
 
 from .conftest import has_tensorrt
 from .test_export import GRAPHS, exported, record  # noqa: F401 (exported: the shared session fixture)
@@ -29,7 +32,7 @@ def layers(exported):
 @pytest.mark.parametrize("variant,mode", GRAPHS)
 def test_onnxrt_matches_torch(exported, layers, variant, mode):
     m, rec = exported[variant], record(exported, variant, mode)
-    res = compare_graph(m, rec, layers[variant][rec.spec.layer_idx], CompareOptions(("torch", "onnxrt")))
+    res = compare_graph(m, rec, layers[variant], CompareOptions(("torch", "onnxrt")))
     assert res.runners == ["torch-cpu", "onnxrt"]
     assert {(r["iteration"], r["output"]) for r in res.records} == {
         (i, o) for i in range(2) for o in rec.spec.output_names}
@@ -54,17 +57,27 @@ def test_compare_command_writes_json_and_plot(exported, tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def swap_inputs(path, a: str, b: str) -> None:
+    """Rewire every node reading graph input `a` to read `b` and the other way round: a graph that binds two weights
+    of one shape to each other's place (the wrong graph of a name mix-up)."""
+    model = onnx.load(str(path))
+    swap = {a: b, b: a}
+    n = 0
+    for node in model.graph.node:
+        for k, name in enumerate(node.input):
+            if name in swap:
+                node.input[k], n = swap[name], n + 1
+    assert n >= 2, f"{a} / {b} feed no node"
+    onnx.save_model(model, str(path))
+
+
 def test_compare_fails_on_a_wrong_graph(exported, tmp_path, capsys):
-    """A graph whose out_proj weights are off by 1 % must fail the comparison and the command must exit 1."""
+    """A graph that reads A_log where it should read dt_bias (and back; both [HV]) must fail the comparison and the
+    command must exit 1: weights are bound by name, so a mix-up of names is a wrong graph."""
     src = exported[Variant.PLAIN].root
     shutil.copytree(src.parent, tmp_path / "onnx")  # the model folder and its synthetic checkpoint: both move
     dst = tmp_path / "onnx" / src.name
-    path = dst / record(exported, Variant.PLAIN, LayerMode.DECODE).path
-    model = onnx.load(str(path))
-    (w,) = [t for t in model.graph.initializer if "out_proj" in t.name]
-    w.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(w) * np.float32(1.01), w.name))
-    path.with_name(path.name + ".data").unlink()
-    onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data")
+    swap_inputs(dst / record(exported, Variant.PLAIN, LayerMode.DECODE).path, "mixer.A_log", "mixer.dt_bias")
     rc = cli.main(["compare", "--onnx", str(dst), "--modes", "decode", "--backends", "torch,onnxrt",
                    "--device", "cpu", "--out", str(tmp_path / "cmp")])
     out = capsys.readouterr().out
@@ -85,8 +98,12 @@ def test_trt_backend_without_tensorrt_is_an_error(exported, tmp_path, capsys):
 @pytest.mark.parametrize("limits", [Limits(), Limits(max_seqs=2, max_tokens=40, max_draft=1, pool_slots=2)],
                          ids=["default", "small"])
 def test_inputs_are_valid_packings(mode, limits):
-    spec = graph_spec(preset("tiny-4exp"), 1, mode, limits)
-    data = GraphData(spec, iterations=3)
+    cfg = preset("tiny-4exp")
+    spec = graph_spec(cfg, 1, mode, limits)
+    layer = GdnLayer(cfg, random_layer(cfg, 1, torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match="no value for weight inputs"):
+        GraphData(spec)
+    data = GraphData(spec, iterations=3, weights=weight_feed(spec, [layer]))
     seen_padding = seen_empty = False
     for case, feed in zip(data.cases, data):
         cu, slots = feed["cu_seqlens"], feed["slots"]
@@ -95,6 +112,8 @@ def test_inputs_are_valid_packings(mode, limits):
         assert len(set(live.tolist())) == len(live) and np.all(slots < limits.pool_slots) and np.all(slots >= -1)
         for t in spec.inputs:
             assert feed[t.name].shape == t.shape({**case.sizes(), "S": limits.pool_slots}), t.name
+            if t.role is Role.WEIGHT:
+                assert np.array_equal(feed[t.name], layer.weights()[t.name].numpy()), t.name
         if mode.spec.writes is Writes.POOLS_CAPTURE:
             assert np.all((feed["capture_at"] >= -1) & (feed["capture_at"] <= np.diff(cu)))
         seen_padding |= bool(np.any(slots == -1))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -18,7 +19,7 @@ import torch
 from gdn_trt.export.artifacts import Manifest, checkpoint_path
 from gdn_trt.model.modes import LayerMode, Writes
 from gdn_trt.export.onnx_export import export_mode
-from gdn_trt.export.spec import Limits, Variant, graph_spec
+from gdn_trt.export.spec import Limits, Role, Variant, graph_spec
 from gdn_trt.model.checkpoint import load_checkpoint
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.plugins.spec import NAMESPACE
@@ -108,11 +109,12 @@ def test_files_are_checked_self_contained_and_hashed(exported, variant):
         custom = {n.op_type for n in model.graph.node if n.domain == NAMESPACE}
         assert custom and custom == {(f.name) for f in model.functions if f.domain == NAMESPACE}
         assert {o.domain: o.version for o in model.opset_import}[NAMESPACE] == 1
-        external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-        assert external, "weights must live in the external data file"
-        assert path.with_name(path.name + ".data").stat().st_size > 0
-        data = path.read_bytes() + path.with_name(path.name + ".data").read_bytes()
-        assert hashlib.sha256(data).hexdigest() == rec.sha256
+        weights = [t.name for t in rec.spec.inputs if t.role is Role.WEIGHT]
+        assert weights and set(weights) <= {v.name for v in model.graph.input}, "weights are graph inputs"
+        big = [(t.name, list(t.dims)) for t in model.graph.initializer if np.prod(t.dims, dtype=np.int64) > 8]
+        assert not big, f"weights as inputs: no weight may stay inside the graph, found {big}"
+        assert not path.with_name(path.name + ".data").exists()
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == rec.sha256
 
 
 def test_export_is_a_pure_function_of_config_weights_and_mode(exported, tmp_path):
@@ -123,4 +125,19 @@ def test_export_is_a_pure_function_of_config_weights_and_mode(exported, tmp_path
     path = export_mode(layer, LayerMode.DECODE_MULTI_SEQ, tmp_path, Limits(8, 96, 4, 12, (2, 8)))
     original = m.root / rec.path
     assert path.read_bytes() == original.read_bytes()
-    assert Path(str(path) + ".data").read_bytes() == Path(str(original) + ".data").read_bytes()
+    assert not Path(str(path) + ".data").exists() and not Path(str(original) + ".data").exists()
+
+
+def test_embedded_weights_are_initializers_in_the_data_file(exported, tmp_path):
+    """`--embed-weights`: the graph takes no weight input and holds every float weight of the layer as an external
+    initializer (one copy per mode: what refit and the selftest's cost measurement need)."""
+    m = exported[Variant.HC_PLE]
+    ck = load_checkpoint(checkpoint_path(m))
+    layer = GdnLayer(ck.config, ck.layers[1], torch.float32).eval()
+    path = export_mode(layer, LayerMode.DECODE, tmp_path, Limits(8, 96, 4, 12, (2, 8)), weights=False)
+    model = onnx.load(str(path), load_external_data=False)
+    spec = graph_spec(ck.config, 1, LayerMode.DECODE, Limits(8, 96, 4, 12, (2, 8)), "float32", weights=False)
+    assert spec.weights_inside and [v.name for v in model.graph.input] == list(spec.input_names)
+    external = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    assert {f"runs.0.layer.{n}" for n in layer.weights() if layer.weights()[n].numel() > 256} <= external
+    assert Path(str(path) + ".data").stat().st_size > 0

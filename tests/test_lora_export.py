@@ -4,12 +4,14 @@
   a plain layer with a dense MLP (every target of the family: in_proj_qkv/z/b/a, out_proj, gate/up/down): the
   graphs carry `lora_idx` and the slot inputs of the GraphSpec, and ONNX Runtime (standard ops, no plugin for the
   LoRA part) agrees with torch through `compare` on inputs that mix adapter slots and none.
-- Merged install: `gdn-trt export --adapter` records the adapter in the manifest, `compare`'s torch runner merges it
-  again (ONNX Runtime agrees), and the merged graph differs from the base graph in the values of exactly the four
-  target projections: same nodes, same initializer names, shapes and dtypes, which is what a TensorRT refit needs.
-- The runtime can bind every input of a LoRA GraphSpec by name (what `TrtEngine` does), and plans built for other
-  LoRA slots or another merged adapter are refused by name.
-- With TensorRT (skipped here): build refittable plans, refit them with the merged export, compare against torch.
+- Merged install: `gdn-trt export --adapter` records the adapter in the manifest and `compare`'s torch runner merges
+  it again (ONNX Runtime agrees). With weights as graph inputs the merged graph is the base graph (installing a
+  merged adapter rebinds weights); with `--embed-weights` it differs from the base graph in the values of exactly
+  the four target projections: same nodes, same initializer names, shapes and dtypes, which is what a refit needs.
+- The runtime can bind every input of a LoRA GraphSpec by name (what `TrtEngine` does), plans built for other LoRA
+  slots or with their weights inside are refused by name, and base plans serve merged weights.
+- With TensorRT (skipped here): build refittable embedded-weight plans, refit them with the merged export, compare
+  against torch.
 """
 
 from __future__ import annotations
@@ -81,16 +83,28 @@ def test_slot_graphs_match_onnxrt(files, capsys):
     _compare(m)
 
 
-def test_merged_export_matches_onnxrt_and_differs_only_in_weights(files, capsys):
+def test_merged_export_is_a_rebinding_and_matches_onnxrt(files, capsys):
+    """Weights as graph inputs: the merged export's graph is byte for byte the base graph (a merged adapter changes
+    the weights bound to it, nothing else), and compare feeds the merged weights (ONNX Runtime agrees)."""
     base = _export(files, "base", "--modes", "decode")
     capsys.readouterr()
     merged = _export(files, "merged", "--modes", "decode", "--adapter", str(files[2]))
     out = capsys.readouterr().out
     assert "merged LoRA adapter adapter (digest" in out and "4 tensors of modules outside" in out
     assert base.data["adapter"] is None and merged.data["adapter"]["name"] == "adapter"
+    assert base.graphs[0].spec == merged.graphs[0].spec and base.graphs[0].sha256 == merged.graphs[0].sha256
+    _compare(merged)
+
+
+def test_embedded_merged_export_differs_only_in_weights(files, capsys):
+    """`--embed-weights` (what `gdn-trt refit` serves): the merged graph differs from the base graph in the values of
+    exactly the target projections; same nodes, same initializer names, shapes and dtypes."""
+    base = _export(files, "base-inside", "--modes", "decode", "--embed-weights")
+    merged = _export(files, "merged-inside", "--modes", "decode", "--adapter", str(files[2]), "--embed-weights")
+    assert merged.data["weights"] == "inside" and merged.graphs[0].spec.weights_inside
     assert base.graphs[0].spec == merged.graphs[0].spec and base.graphs[0].sha256 != merged.graphs[0].sha256
     changed = check_refit_pair(base.root / base.graphs[0].path, merged.root / merged.graphs[0].path)
-    assert changed == ["layer.mixer.in_proj", "layer.mixer.out_proj", "layer.mlp.down", "layer.mlp.gate_up"]
+    assert changed == [f"runs.0.layer.{n}" for n in ("mixer.in_proj", "mixer.out_proj", "mlp.down", "mlp.gate_up")]
     _compare(merged)
 
 
@@ -106,7 +120,8 @@ def test_runtime_binds_every_lora_graph_input(tmp_path):
         at = torch.full((len(lengths),), -1, dtype=torch.int32)
         extra = sess.stack.extra(mode, i, sum(lengths), at)
         step = StepInput(packed.x, packed.pack, packed.residual, None, sess.adapters.layer_input(i, packed.lora_idx))
-        bound = bind_inputs(LayerCall(mode, step, sess.pool.layers[i], extra), spec)
+        bound = bind_inputs(LayerCall(mode, step, sess.pool.layers[i], extra), spec,
+                            {i: sess.selector.engines[0][0].layer.weights()})
         assert list(bound) == list(spec.input_names)
         slot = sess.adapters.weights[i][LoraTarget.GATE_PROJ].b
         assert bound["lora_gate_proj_b"].data_ptr() == slot.data_ptr(), "adapter slots are bound in place"
@@ -124,7 +139,7 @@ def _plan(root, spec, **meta):
                                                      "plan_sha256": hashlib.sha256(raw).hexdigest(), **meta}))
 
 
-def test_plans_for_other_lora_slots_or_weights_refused(tmp_path):
+def test_plans_for_other_lora_slots_or_with_weights_inside_refused(tmp_path):
     cfg = open_session("tiny-3.5").cfg
     spec = graph_spec(cfg, 0, LayerMode.DECODE, Limits(lora=LORA), "float32")
     _plan(tmp_path / "a", spec, merged_adapter=None)
@@ -133,10 +148,12 @@ def test_plans_for_other_lora_slots_or_weights_refused(tmp_path):
         find_plans(tmp_path / "a", cfg, "float32")
     with pytest.raises(PlanMismatchError, match="built with LoRA slots"):
         find_plans(tmp_path / "a", cfg, "float32", PlanMatch(LoraLimits(max_adapters=2, max_rank=8)))
-    _plan(tmp_path / "b", graph_spec(cfg, 0, LayerMode.DECODE, Limits(), "float32"), merged_adapter="0123abcd")
-    with pytest.raises(PlanMismatchError, match="holds merged adapter 0123abcd"):
-        find_plans(tmp_path / "b", cfg, "float32")
+    # weights as inputs: plans built from the base export serve a session on merged weights (a rebinding)
+    _plan(tmp_path / "b", graph_spec(cfg, 0, LayerMode.DECODE, Limits(), "float32"), merged_adapter=None)
     assert find_plans(tmp_path / "b", cfg, "float32", PlanMatch(None, "0123abcd"))
+    _plan(tmp_path / "c", graph_spec(cfg, 0, LayerMode.DECODE, Limits(), "float32", weights=False))
+    with pytest.raises(PlanMismatchError, match="weights are inside the plan.*without --embed-weights"):
+        find_plans(tmp_path / "c", cfg, "float32")
 
 
 @pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed: refits are exercised instead")
@@ -152,8 +169,9 @@ def test_refit_merged_adapter_into_refittable_plans(files):
     """Base plans built refittable, refit with the merged export: TensorRT then agrees with the merged torch layer
     (and, before the refit, it does not). Not run yet: no machine of this project has had TensorRT."""
     root = files[0]
-    base = _export(files, "trt-base", "--modes", "decode_multi_seq")
-    merged = _export(files, "trt-merged", "--modes", "decode_multi_seq", "--adapter", str(files[2]))
+    base = _export(files, "trt-base", "--modes", "decode_multi_seq", "--embed-weights")
+    merged = _export(files, "trt-merged", "--modes", "decode_multi_seq", "--adapter", str(files[2]),
+                     "--embed-weights")
     assert cli.main(["build", "--onnx", str(base.root), "--out", str(root / "engines"), "--refittable"]) == 0
     opts = CompareOptions(("torch", "trt"), "cuda", 2, root / "engines")
     rec = merged.graphs[0]

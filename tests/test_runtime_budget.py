@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from gdn_trt.model.config import preset
+from gdn_trt.model.lora import LoraLimits
 from gdn_trt.app import cli
 from gdn_trt.runtime import budget as P
 
@@ -17,22 +20,59 @@ def _bytes(ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
+def held_tensors(root) -> dict[tuple[int, str], int]:
+    """Bytes of every tensor storage reachable from `root` through gdn_trt objects, containers and modules (each
+    storage once, however many views and owners it has): what a session holds."""
+    seen, out, todo = set(), {}, [root]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            st = o.untyped_storage()
+            out[(st.data_ptr(), o.device.type)] = st.nbytes()
+        elif isinstance(o, torch.nn.Module):
+            todo += [*o.buffers(), *o.parameters()]
+        elif isinstance(o, dict):
+            todo += [*o.keys(), *o.values()]
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            todo += list(o)
+        elif type(o).__module__.startswith("gdn_trt") and hasattr(o, "__dict__"):
+            todo += list(vars(o).values())
+    return out
+
+
 @pytest.mark.parametrize("name", [PLAIN, HC_PLE])
 def test_budget_matches_what_a_session_allocates(name):
-    s = open_session(name)
-    b = P.budget(s.cfg, LIMITS, "float32", graphs=False)
+    """Row by row, the budget equals the bytes of the tensors a session holds (pools, stashes, captures, weights,
+    LoRA slots, PLE staging and host row cache), and those rows add up to every tensor reachable from the session:
+    nothing it allocates is left out. The weights row is the layers' one copy, which TensorRT plans bind as
+    inputs (docs/tensorrt.md, weights held once); prefill activations are transient (an upper estimate, not held)."""
+    limits = replace(LIMITS, lora=LoraLimits(max_adapters=2, max_rank=4))
+    s = open_session(name, limits)
+    b = P.budget(s.cfg, limits, "float32", graphs=False)
     rows = {r.item.split(" (")[0]: r for r in b.rows}
     pools = _bytes(t for st in s.pool.layers.values() for t in st.tensors())
     stash = _bytes(t for st in s.stack.buffers.stash.values() for t in (st.conv, st.ssm, st.ple_conv))
     capture = _bytes(t for st in s.stack.buffers.capture.values() for t in st.tensors())
     weights = _bytes(t for c in s.selector.engines for t in c[0].layer.buffers())
+    lora = _bytes(t for per in s.adapters.weights.values() for w in per.values() for t in (w.a, w.b))
     assert rows["state pools"].device == pools
     assert rows["verify stash"].device == stash
     assert rows["prefill capture"].device == capture
     assert rows["weights"].device == weights
+    assert rows["LoRA slots"].device == lora
+    held = pools + stash + capture + weights + lora
     if s.feeds is not None:
         staged = _bytes(p.ple_rows for p in s.feeds.stages.values())
-        assert rows["PLE staging"].device == staged
+        host = _bytes(p.staging for p in s.feeds.stages.values())
+        cache = _bytes(p.store._cache for p in s.feeds.stages.values())
+        assert rows["PLE staging"].device == staged and rows["PLE staging"].host == host
+        assert rows["PLE host row cache"].host == cache
+        held += staged + host + cache
+    transient = rows["prefill activations"]
+    assert sum(held_tensors(s).values()) == held == b.device_total - transient.device + b.host_total
 
 
 def test_limits_validate_and_buckets():

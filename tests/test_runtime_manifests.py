@@ -1,4 +1,4 @@
-"""Plan manifests under engines/: indexed by (layer, mode), and a plan built for another config, dtype or layer
+"""Plan manifests under engines/: indexed by (layers, mode), and a plan built for another config, dtype or layer
 set refused by name before anything loads. (These tests read manifests only; no engine is deserialized or run:
 that needs TensorRT, see docs/tensorrt.md.)"""
 
@@ -37,9 +37,9 @@ def test_plans_indexed_by_layer_and_mode(tmp_path):
             _write(tmp_path, cfg, i, mode)
     (tmp_path / "export_manifest.json").write_text(json.dumps({"graphs": []}))  # not a plan manifest: skipped
     plans = find_plans(tmp_path, cfg, "float32")
-    assert set(plans) == {(i, m) for i in cfg.gdn_layer_ids
+    assert set(plans) == {((i,), m) for i in cfg.gdn_layer_ids
                           for m in (LayerMode.DECODE_MULTI_SEQ, LayerMode.PREFILL_VARLEN)}
-    p = plans[(1, LayerMode.DECODE_MULTI_SEQ)]
+    p = plans[((1,), LayerMode.DECODE_MULTI_SEQ)]
     assert p.plan.name == "decode_multi_seq+hc+ple.plan" and p.versions["tensorrt"] == "10.x"
 
 

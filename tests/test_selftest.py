@@ -13,7 +13,13 @@ from gdn_trt.plugins.gated_delta_rule import naive
 from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
 from gdn_trt.plugins.packing import Packing
 from gdn_trt.plugins.spec import CONV_UPDATE, GDN_RECURRENT, NAMESPACE
-from gdn_trt.app import selftest
+from gdn_trt.app import cli, selftest
+from gdn_trt.app import selftest_flow as flow
+from gdn_trt.export.artifacts import ExportPlan, Manifest, export_checkpoint
+from gdn_trt.export.spec import gdn_runs
+from gdn_trt.model.config import preset
+from gdn_trt.model.modes import LayerMode
+from gdn_trt.runtime.session import synthetic
 from gdn_trt.export.tolerances import tol
 
 from .conftest import has_tensorrt
@@ -25,7 +31,41 @@ def test_without_tensorrt_it_exits_2_and_says_what_is_missing(tmp_path, capsys):
     assert selftest.main(["--out", str(tmp_path / "st")]) == 2
     err = capsys.readouterr().err
     assert "cannot run" in err and "import tensorrt" in err and "pip install" in err
+    if not torch.cuda.is_available():
+        assert "no CUDA device" in err, "every missing piece is named, not only the first"
     assert not (tmp_path / "st").exists(), "nothing may look measured"
+    assert cli.main(["selftest", "--out", str(tmp_path / "st"), "--no-cost"]) == 2
+
+
+@pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed: the flow builds for real")
+def test_flow_build_stage_without_tensorrt_fails_and_builds_nothing(tmp_path):
+    """The flow's build stage on a real export: every graph is tried, TensorRT's absence is a FAIL naming it, and no
+    plan or config.json appears (the selftest never reports a build it did not do)."""
+    ck = synthetic(preset("tiny-3.5"), 0)[0]
+    plan = ExportPlan(modes=(LayerMode.DECODE,), layers="0", limits=flow.EXPORT)
+    m = Manifest.load(export_checkpoint(ck, tmp_path / "onnx", plan))
+    rep = selftest.Report()
+    assert flow._stage(rep, "tiny-3.5: build", lambda: flow._build(m, tmp_path / "engines")) is None
+    row = rep.checks["tiny-3.5: build"]
+    assert row["ok"] is False and row["plans"] == "0/1" and "import tensorrt" in row["failed"][0]
+    assert not (tmp_path / "engines").exists() or not any((tmp_path / "engines").rglob("*.plan"))
+    assert not any((tmp_path / "engines").rglob("config.json")) if (tmp_path / "engines").exists() else True
+
+
+def test_flow_models_exercise_stacks_and_the_table_lists_every_check():
+    stacked = [fm for fm in flow.MODELS if fm.stack]
+    assert stacked and all(max(len(r) for r in gdn_runs(fm.cfg)) == 3 for fm in stacked)
+    assert {fm.cfg.is_hc for fm in stacked} == {False, True}, "a plain and an hc stack"
+    assert any(fm.cfg.ple_layer_ids for fm in stacked)
+    rep = selftest.Report()
+    rep.add("a: build", True, plans="6/6")
+    assert flow._stage(rep, "b: compare", lambda: 1 / 0) is None
+    rep.add("c: cost", None, ratio=1.02)
+    lines = flow.table(rep.checks).splitlines()
+    assert lines[0].split() == ["check", "result", "facts"] and len(lines) == 5
+    assert lines[2].split()[:3] == ["a:", "build", "PASS"] and "plans=6/6" in lines[2]
+    assert "FAIL" in lines[3] and lines[3].split("FAIL", 1)[1].strip().startswith("error=ZeroDivisionError")
+    assert "INFO" in lines[4] and "ratio=1.02" in lines[4]
 
 
 def test_gdn_one_node_graph_runs_its_function_body_to_the_reference():
