@@ -45,7 +45,7 @@ def test_fields_a_loader_needs():
     assert (d["recurrent_state_num_heads"], d["recurrent_state_key_heads"], d["recurrent_state_key_dim"],
             d["recurrent_state_value_dim"]) == (6, 2, 12, 8)
     assert d["recurrent_state_shape"] == [6, 12, 8] and d["recurrent_state_dtype"] == "float32"
-    assert (d["conv_dim"], d["conv_kernel"], d["conv_state_shape"], d["conv_state_dtype"]) == (96, 4, [96, 3],
+    assert (d["conv_dim"], d["conv_kernel"], d["conv_state_shape"], d["conv_state_dtype"]) == (96, 4, [3, 96],
                                                                                               "bfloat16")
     assert d["ple_layer_ids"] == [1] and d["ple_conv_dim"] == 128 and d["ple_conv_kernel"] == 4
     assert d["stream_dim"] == 128 and d["hc_count"] == 4 and d["activation_dtype"] == "bfloat16"
