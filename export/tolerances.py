@@ -65,7 +65,12 @@ def tol(dtype: torch.dtype | str, output: str = "") -> Tol:
 
 
 def output_kind(spec: GraphSpec, output: str) -> str:
-    if spec.output(output).local.startswith(("conv_", "ple_conv_")):  # a stack's `l<i>.` prefix removed
+    """The conv bound holds for conv buffers written from the graph's own input; in a stack, the conv buffers of every
+    layer after the first hold projections of an input that already went through the earlier layers' recurrence, so
+    they carry that recurrence's error (measured: a tiny-3.5 3-layer fp32 prefill stack's third conv capture at
+    1.39e-6 against the 1e-6 conv bound, CPU, 2026-12-03) and take the mode's GDN bound."""
+    t = spec.output(output)
+    if t.local.startswith(("conv_", "ple_conv_")) and t.layer in (None, spec.layer_ids[0]):
         return "conv"
     return "chunked" if spec.mode.spec.gdn is GDN_CHUNKED else "recurrent"
 
