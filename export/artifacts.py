@@ -1,8 +1,11 @@
 """Exported model folders: every (layer, mode) graph of a checkpoint, and the manifest that lists them.
 
-Layout (`<out>/<model>/`): `layer<i>/<mode>[+hc][+ple][+lora].onnx` (+ `.onnx.data` weights) per GDN layer and
-mode, and `manifest.json` with the checkpoint path, config hash, limits, tool versions, the LoRA adapter merged into
-the weights (path and digest; `ExportPlan.adapter`) and, per graph, its GraphSpec, node counts, size and sha256.
+Layout (the folder given, `<out>/`): `layer<i>/<mode>[+hc][+ple][+lora].onnx` (+ `.onnx.data` weights) per GDN
+layer and mode, beside each its Polygraphy data loader `<stem>_data.py` (`data.py`: `polygraphy run <graph>
+--onnxrt --data-loader-script <stem>_data.py`), and `manifest.json` with the checkpoint path, config hash, limits,
+tool versions, the LoRA adapter merged into the weights (path and digest; `ExportPlan.adapter`) and, per graph, its
+GraphSpec, node counts, size and sha256. Every path in the manifest is relative to its folder, so an export moved
+together with its checkpoint (a preset's synthetic checkpoint sits inside it) keeps resolving them.
 `gdn-trt build` and `gdn-trt compare` read the manifest; the runtime may too.
 """
 
@@ -18,12 +21,14 @@ import onnx
 import torch
 
 from gdn_trt.model.checkpoint import Checkpoint
+from gdn_trt.model.config import GdnConfig
 from gdn_trt.model.dtypes import DTYPES
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.peft import load_adapter, merge_checkpoint
 from gdn_trt.plugins.spec import NAMESPACE
 
+from .data import write_loader_script
 from .digest import graph_files, sha256_files
 from .onnx_export import export_graph
 from .spec import GraphSpec, Limits, Variant, graph_spec
@@ -41,19 +46,21 @@ class ExportPlan:
     limits: Limits = Limits()
     adapter: Path | None = None  # a PEFT LoRA adapter merged into the weights before export (W + scale B A)
 
-    def layer_ids(self, ck: Checkpoint) -> list[int]:
-        ids = list(ck.config.gdn_layer_ids)
+    def layer_ids(self, ck: Checkpoint | GdnConfig) -> list[int]:
+        cfg = ck if isinstance(ck, GdnConfig) else ck.config
+        ids = list(cfg.gdn_layer_ids)
         if self.layers == "all":
             return ids
         if self.layers == "variants":
             seen: dict[Variant, int] = {}
             for i in ids:
-                seen.setdefault(Variant.of(ck.config, i), i)
+                seen.setdefault(Variant.of(cfg, i), i)
             return sorted(seen.values())
         want = [int(s) for s in self.layers.split(",") if s.strip()]
         bad = [i for i in want if i not in ids]
         if bad:
-            raise ValueError(f"layers {bad} are not GDN layers of {ck.config.name}; GDN layers: {ids}")
+            raise ValueError(f"layers {bad} are not GDN layers of {cfg.name}; its GDN layers are {ids} "
+                             "(--layers all, variants or some of those)")
         return want
 
 
@@ -93,12 +100,10 @@ def _record(spec: GraphSpec, path: Path, root: Path) -> GraphRecord:
 
 
 def _portable(path: Path | None, root: Path) -> str | None:
-    """The checkpoint path relative to the model folder (so an export folder can be moved or copied to another
-    machine with its synthetic checkpoint), absolute when it is elsewhere."""
+    """`path` relative to the export folder `root` (readers resolve it against the manifest's folder)."""
     if path is None:
         return None
-    path, root = Path(path).resolve(), root.resolve()
-    return os.path.relpath(path, root) if root.parent in path.parents else str(path)
+    return os.path.relpath(Path(path).resolve(), root.resolve())
 
 
 def checkpoint_path(manifest: "Manifest") -> Path | None:
@@ -122,11 +127,11 @@ def exported_weights(manifest: "Manifest", ck: Checkpoint) -> Checkpoint:
 
 def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
                       progress: Callable[[GraphRecord], None] | None = None) -> Path:
-    """Export every planned (layer, mode) of `ck` under `<out>/<model>/`; write and return the manifest path.
+    """Export every planned (layer, mode) of `ck` into the folder `out`; write and return the manifest path.
     `progress(record)` is called after each graph."""
     cfg = ck.config
     dtype = plan.dtype or cfg.dtype
-    root = Path(out) / cfg.name
+    root = Path(out)
     merged = None
     if plan.adapter is not None:
         adapter = load_adapter(plan.adapter, cfg)
@@ -141,6 +146,7 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
             spec = graph_spec(cfg, i, mode, plan.limits, dtype)
             path = export_graph(layer, spec, root / f"layer{i}" / f"{spec.stem}.onnx")
             rec = _record(spec, path, root)
+            write_loader_script(path, spec)
             records.append(rec)
             if progress:
                 progress(rec)

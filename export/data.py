@@ -7,19 +7,25 @@ that cross a chunk boundary. Activations, pools, stashes and captures are random
 untouched are compared too. Graphs with LoRA slots get random slot weights and, per sequence, an adapter slot
 (the last slot first, then the others, then -1 = none), so single-sequence modes use an adapter and multi-sequence
 modes mix adapters with none. Every case must fit one of the spec's profile buckets.
+
+Feeds are numpy arrays, or torch tensors for a graph with a dtype numpy lacks (bfloat16 activations): values are
+drawn in float32 and rounded once to the input's dtype. Polygraphy's comparator and runners take either.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import torch
 
 from gdn_trt.model.modes import LayerMode
 
 from .spec import GraphSpec, Role
 
-_NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
 
 
 @dataclass(frozen=True)
@@ -70,9 +76,6 @@ class GraphData:
     """Iterable of feed dicts (numpy, spec input names) for `iterations` cases; `cases` lists what each holds."""
 
     def __init__(self, spec: GraphSpec, iterations: int = 2, seed: int = 0):
-        if spec.act_dtype not in _NP:
-            raise ValueError(f"{spec.stem}: comparisons feed numpy arrays; activation dtype {spec.act_dtype} has "
-                             "none (export with --dtype float32 to compare)")
         self.spec, self.seed = spec, seed
         rng = np.random.default_rng(seed)
         base = _cases(spec)
@@ -104,8 +107,10 @@ class GraphData:
                 feed[t.name] = fixed[t.name].reshape(shape)
             else:
                 scale = 0.5 if t.role is not Role.ACTIVATION else 1.0
-                feed[t.name] = (rng.standard_normal(shape) * scale).astype(_NP[t.dtype])
-        return feed
+                feed[t.name] = (rng.standard_normal(shape) * scale).astype(NUMPY_DTYPES.get(t.dtype, np.float32))
+        if all(t.dtype in NUMPY_DTYPES for t in self.spec.inputs):
+            return feed
+        return {t.name: torch.from_numpy(feed[t.name]).to(t.torch_dtype) for t in self.spec.inputs}
 
     def __iter__(self):
         for i, case in enumerate(self.cases):
@@ -113,3 +118,74 @@ class GraphData:
 
     def __len__(self) -> int:
         return len(self.cases)
+
+
+LOADER_SUFFIX = "_data.py"
+_LOADER = '''"""Polygraphy data loader of {graph} ({model}, layer {layer}, {mode}), written by `gdn-trt export`.
+
+From the export folder:
+    polygraphy run {graph} --onnxrt --data-loader-script {script}
+    polygraphy run {graph} --trt --data-loader-script {script} \\
+        --strongly-typed --preview-features aliased_plugin_io_10_03 \\
+        --trt-min-shapes {mins} \\
+        --trt-opt-shapes {opts} \\
+        --trt-max-shapes {maxs}
+
+`load_data` yields what `gdn-trt compare` feeds this graph: valid packings (cu_seqlens), distinct pool slots (a
+padding sequence, slot -1, where the mode takes several), capture points and random states, made from the graph's
+GraphSpec in manifest.json (gdn_trt.export.data). Where TensorRT is installed, importing this file also registers
+the gdn_trt plugins, so that `--trt` parses the custom nodes as plugins.
+"""
+from gdn_trt.export.data import polygraphy_loader
+
+load_data = polygraphy_loader(__file__)
+try:
+    import tensorrt  # noqa: F401
+except ImportError:
+    pass
+else:
+    from gdn_trt.export.build import load_plugins
+
+    load_plugins()
+'''
+
+
+def loader_script(onnx_path: Path) -> Path:
+    """`layer0/decode.onnx` -> `layer0/decode_data.py` (a module name Polygraphy can import: no dot in the stem)."""
+    return onnx_path.with_name(onnx_path.name.removesuffix(".onnx") + LOADER_SUFFIX)
+
+
+def _shapes(spec: GraphSpec, point: int, bucket: int) -> str:
+    prof = spec.profile(bucket)
+    return " ".join(f"{t.name}:[{','.join(map(str, prof[t.name][point]))}]" for t in spec.inputs
+                    if not all(isinstance(d, int) for d in t.dims))
+
+
+def write_loader_script(onnx_path: Path, spec: GraphSpec) -> Path:
+    """Write the Polygraphy data-loader script beside an exported graph (the TensorRT shapes of the profile that
+    holds the loader's cases go into its docstring)."""
+    script = loader_script(onnx_path)
+    bucket = spec.bucket_for({**GraphData(spec, 1).cases[0].sizes(), "S": spec.limits.pool_slots})
+    rel = lambda p: f"{p.parent.name}/{p.name}"  # noqa: E731 (relative to the export folder)
+    script.write_text(_LOADER.format(graph=rel(onnx_path), model=spec.model, layer=spec.layer_idx,
+                                     mode=spec.stem, script=rel(script), mins=_shapes(spec, 0, bucket),
+                                     opts=_shapes(spec, 1, bucket), maxs=_shapes(spec, 2, bucket)))
+    return script
+
+
+def polygraphy_loader(script: str | Path, iterations: int = 2):
+    """The `load_data` of a script written by `write_loader_script`: a no-argument generator function of the graph's
+    feeds, its GraphSpec read from the export's manifest.json (the script's folder's parent)."""
+    path = Path(script).resolve()
+    root = path.parent.parent
+    graph = f"{path.parent.name}/{path.name.removesuffix(LOADER_SUFFIX)}.onnx"
+    manifest = json.loads((root / "manifest.json").read_text())
+    found = [g for g in manifest["graphs"] if Path(g["path"]).as_posix() == graph]
+    if not found:
+        raise FileNotFoundError(f"{root / 'manifest.json'} lists no graph {graph}: export again")
+    spec = GraphSpec.from_json(found[0]["graph_spec"])
+
+    def load_data():
+        yield from GraphData(spec, iterations)
+
+    return load_data
