@@ -7,6 +7,7 @@ refused in one line before anything is written (`cliargs.py` has the exit codes)
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -216,7 +217,7 @@ def run_export(args) -> int:
             bar.update(1)
 
         manifest = export_checkpoint(ck, out, plan, progress)
-    merged = json_of(manifest)["adapter"]
+    merged = json.loads(manifest.read_text())["adapter"]
     if merged:
         print(f"merged LoRA adapter {merged['name']} (digest {merged['digest']}; {merged['skipped_tensors']} tensors "
               "of modules outside the GDN layers not used)")
@@ -227,12 +228,6 @@ def run_export(args) -> int:
     print(f"next: gdn-trt compare --onnx {out}; gdn-trt build --onnx {out}; polygraphy run {out}/layer<i>/<mode>.onnx "
           f"--onnxrt --data-loader-script {out}/layer<i>/<mode>_data.py")
     return 0
-
-
-def json_of(path: Path) -> dict:
-    import json
-
-    return json.loads(path.read_text())
 
 
 def plans_dir(out: Path | None, model: str, several: bool) -> Path:
