@@ -4,7 +4,7 @@ On the built-in defaults, a synthetic Qwen3.5-like plain stack (`tiny-3.5`) and 
 (`tiny-4exp`), written as real HF checkpoints under `artifacts/checkpoints/` and loaded back:
 1. export every layer mode of each layer variant to ONNX (`export.artifacts.export_checkpoint`);
 2. compare torch against ONNX Runtime on every exported graph through Polygraphy (`export.compare`);
-3. build TensorRT plans when tensorrt imports (else one line says so);
+3. build TensorRT plans when tensorrt imports (else the stage is reported as skipped, with the reason);
 4. run `app.scenario` on the best available backend, with per-sequence LoRA adapters (three synthetic PEFT
    adapters under `artifacts/adapters/`, rotated through two adapter slots), and check every result against the
    float64 sequential reference; print a summary table and write `artifacts/run-report.json`. Exit status 1 when
@@ -13,7 +13,6 @@ On the built-in defaults, a synthetic Qwen3.5-like plain stack (`tiny-3.5`) and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -21,8 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
+from gdn_trt.export import cliargs
 from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
 from gdn_trt.model.config import DEFAULT_HC_PRESET, DEFAULT_PRESET
 from gdn_trt.model.lora import LoraLimits
@@ -47,6 +45,11 @@ class Stage:
     seconds: float
     detail: str
     items: list = field(default_factory=list)
+    skipped: bool = False  # did not run (ok stays True: a skip does not fail the job); `detail` says why
+
+    @property
+    def result(self) -> str:
+        return "skipped" if self.skipped else ("ok" if self.ok else "FAILED")
 
 
 def _timed(model: str, name: str, fn) -> Stage:
@@ -63,13 +66,14 @@ def export_and_compare(ckpt_dir: Path, out: Path) -> tuple[Stage, Stage]:
     """Every mode of every layer variant to ONNX, then torch vs ONNX Runtime on each graph."""
     from gdn_trt.export.artifacts import ExportPlan, Manifest, export_checkpoint
     from gdn_trt.export.compare import CompareOptions, compare_graph, layers_of
+    from gdn_trt.export.report import write_report
 
     ck = load_checkpoint(ckpt_dir)
     name = ck.config.name
     holder = {}
 
     def export():
-        holder["manifest"] = path = export_checkpoint(ck, out / "onnx", ExportPlan(layers="variants"))
+        holder["manifest"] = path = export_checkpoint(ck, out / "onnx" / name, ExportPlan(layers="variants"))
         m = Manifest.load(path)
         holder["m"] = m
         return True, f"{len(m.graphs)} graphs -> {m.root}", [r.summary() for r in m.graphs]
@@ -80,10 +84,12 @@ def export_and_compare(ckpt_dir: Path, out: Path) -> tuple[Stage, Stage]:
         G_LOGGER.module_severity = G_LOGGER.WARNING  # per-iteration tensor statistics: the JSON files keep them
         m = holder["m"]
         layers = layers_of(m, m.data["dtype"])
-        opts = CompareOptions(("torch", "onnxrt"), "cpu", 1, None, out / "compare")
+        opts = CompareOptions(("torch", "onnxrt"), "cpu", 1)
         res = [compare_graph(m, rec, layers, opts) for rec in m.graphs]
         bad = [r for r in res if not r.passed]
-        return not bad, f"{len(res) - len(bad)}/{len(res)} graphs torch == onnxrt", [r.summary() for r in res]
+        path, _ = write_report(res, out / "compare" / name, {"device": "cpu", "iterations": 1})
+        return not bad, f"{len(res) - len(bad)}/{len(res)} graphs torch == onnxrt ({path})", \
+            [r.summary() for r in res]
 
     e = _timed(name, "export", export)
     c = _timed(name, "compare torch vs onnxrt", compare) if e.ok else Stage(name, "compare", False, 0, "no export")
@@ -97,21 +103,22 @@ def build_plans(ckpt_dir: Path, out: Path) -> tuple[Stage, Path | None]:
     try:
         import tensorrt  # noqa: F401
     except ImportError as e:
-        return Stage(name, "build TensorRT engines", True, 0.0, f"skipped: tensorrt is not installed ({e})"), None
+        return Stage(name, "build TensorRT engines", True, 0.0, f"TensorRT is not installed ({e})",
+                     skipped=True), None
     from gdn_trt.export.artifacts import ExportPlan, Manifest, export_checkpoint
     from gdn_trt.export.build import BuildOptions, build_graph
     from gdn_trt.export.spec import Limits
 
-    engines = out / "engines"
+    engines = out / "engines" / name  # one model's plans: another model's would be refused
 
     def build():
         plan = ExportPlan(layers="all", limits=Limits(lora=LIMITS.lora))  # the session's adapter slots
-        m = Manifest.load(export_checkpoint(load_checkpoint(ckpt_dir), out / "onnx-all", plan))
+        m = Manifest.load(export_checkpoint(load_checkpoint(ckpt_dir), out / "onnx-all" / name, plan))
         plans = [build_graph(m, rec, BuildOptions(engines)) for rec in m.graphs]
-        return True, f"{len(plans)} plans -> {engines / name}", [str(p) for p in plans]
+        return True, f"{len(plans)} plans -> {engines}", [str(p) for p in plans]
 
     st = _timed(name, "build TensorRT engines", build)
-    return st, (engines / name if st.ok else None)  # one model's plans: another model's would be refused
+    return st, (engines if st.ok else None)
 
 
 def serve(ckpt_dir: Path, engines: Path | None, device: str, seed: int) -> tuple[Stage, dict]:
@@ -141,16 +148,15 @@ def serve(ckpt_dir: Path, engines: Path | None, device: str, seed: int) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gdn_trt.app.main", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("artifacts"))
-    p.add_argument("--presets", default=f"{DEFAULT_PRESET},{DEFAULT_HC_PRESET}")
-    p.add_argument("--device", default="auto", help="cpu | cuda | auto")
+    p = cliargs.Parser(prog="python -m gdn_trt.app.main", description=__doc__)
+    p.add_argument("--out", type=Path, default=Path("artifacts"), help="folder of everything the job writes")
+    p.add_argument("--presets", default=f"{DEFAULT_PRESET},{DEFAULT_HC_PRESET}", help="comma-separated presets")
+    p.add_argument("--device", type=cliargs.device, default="auto", help="cpu, cuda or auto")
     p.add_argument("--no-export", action="store_true", help="skip export / compare / build (scenario only)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic checkpoints and inputs")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = args.device
     t0 = time.perf_counter()
     stages, reports = [], {}
     for name in args.presets.split(","):
@@ -165,13 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         stages.append(st)
         for s in stages:
             if s.model == name:
-                print(f"   {s.name}: {'ok' if s.ok else 'FAILED'} ({s.seconds:.1f} s) {s.detail}", flush=True)
+                print(f"   {s.name}: {s.result} ({s.seconds:.1f} s) {s.detail}", flush=True)
                 for item in s.items:
                     print(f"      {item}")
     total = time.perf_counter() - t0
     _summary(stages, total)
     report = {"device": device, "seconds": total, "passed": all(s.ok for s in stages),
-              "stages": [asdict(s) for s in stages], "scenarios": reports}
+              "stages": [{**asdict(s), "result": s.result} for s in stages], "scenarios": reports}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "run-report.json").write_text(json.dumps(report, indent=2, default=str))
     print(f"report: {args.out / 'run-report.json'}")
@@ -182,8 +188,10 @@ def _summary(stages: list[Stage], total: float) -> None:
     w = max(len(s.name) for s in stages)
     print(f"\n{'model':<10} {'stage':<{w}} {'result':<7} {'time':>7}  detail")
     for s in stages:
-        print(f"{s.model:<10} {s.name:<{w}} {'ok' if s.ok else 'FAILED':<7} {s.seconds:>6.1f}s  {s.detail}")
-    print(f"{'total':<10} {'':<{w}} {'ok' if all(s.ok for s in stages) else 'FAILED':<7} {total:>6.1f}s")
+        print(f"{s.model:<10} {s.name:<{w}} {s.result:<7} {s.seconds:>6.1f}s  {s.detail}")
+    skipped = sum(s.skipped for s in stages)
+    print(f"{'total':<10} {'':<{w}} {'ok' if all(s.ok for s in stages) else 'FAILED':<7} {total:>6.1f}s"
+          + (f"  ({skipped} stage{'s' if skipped != 1 else ''} skipped)" if skipped else ""))
 
 
 if __name__ == "__main__":

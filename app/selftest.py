@@ -356,9 +356,13 @@ def inner(steps: int, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gdn-trt selftest", description=__doc__.split("\n\n")[0])
+    from gdn_trt.export.cliargs import Parser, positive_int
+
+    p = Parser(prog="gdn-trt selftest", description=__doc__.split("\n\n")[0],
+               epilog="examples:\n  gdn-trt selftest\n  gdn-trt selftest --out /tmp/selftest --steps 200 --no-nsys\n"
+                      "Exit 0 when every check passed, 1 when one failed, 2 without TensorRT, CUDA or Triton.")
     p.add_argument("--out", type=Path, default=Path("artifacts/selftest"), help="plans, ONNX files, selftest.json")
-    p.add_argument("--steps", type=int, default=50, help="steps per timing")
+    p.add_argument("--steps", type=positive_int, default=50, help="steps per timing")
     p.add_argument("--no-nsys", action="store_true", help="skip the nsys profile even where nsys exists")
     p.add_argument("--no-flow", action="store_true", default=False,
                    help="skip the whole flow (export, build every mode and stack, compare, scenario on TensorRT)")

@@ -97,8 +97,7 @@ def _model(fm: FlowModel, ck: Checkpoint, root: Path, rep) -> None:
         rep.add(f"{fm.label}: compare, scenario", None, skipped="no plans (see the rows above)")
         return
     _stage(rep, f"{fm.label}: compare torch vs onnxrt vs trt", lambda: _compare(m, layers, engines, root))
-    _stage(rep, f"{fm.label}: scenario on the TensorRT engines", lambda: _scenario(fm, ck, engines / ck.config.name,
-                                                                                   root))
+    _stage(rep, f"{fm.label}: scenario on the TensorRT engines", lambda: _scenario(fm, ck, engines, root))
 
 
 def _export(fm: FlowModel, ck: Checkpoint, root: Path):
@@ -116,7 +115,7 @@ def _build(m: Manifest, engines: Path):
             sizes.append(build_graph(m, rec, BuildOptions(engines)).stat().st_size)
         except Exception as e:  # noqa: BLE001 - every graph is tried; the row names the failures
             failed.append(f"{rec.path}: {type(e).__name__}: {str(e)[:200]}")
-    config = engines / m.data["model"] / "config.json"
+    config = engines / "config.json"
     facts = {"plans": f"{len(sizes)}/{len(m.graphs)}", "plan_mb": round(sum(sizes) / 1e6, 2),
              "config_json": config.exists(), "failed": failed[:3]}
     return not failed and config.exists(), True, facts
@@ -124,9 +123,11 @@ def _build(m: Manifest, engines: Path):
 
 def _compare(m: Manifest, layers: dict, engines: Path, root: Path):
     from gdn_trt.export.compare import CompareOptions, compare_graph
+    from gdn_trt.export.report import write_report
 
-    opts = CompareOptions(("torch", "onnxrt", "trt"), "cuda", 2, engines, root / "compare")
+    opts = CompareOptions(("torch", "onnxrt", "trt"), "cuda", 2, engines)
     res = [compare_graph(m, rec, layers, opts) for rec in m.graphs]
+    write_report(res, root / "compare", {"device": "cuda", "iterations": 2, "exports": [str(m.root)]})
     bad = [r.summary() for r in res if not r.passed]
     worst = max((r.worst() for r in res), key=lambda w: w["rel_rms"] / w["bound_rel_rms"])
     return not bad, None, {"passed": f"{len(res) - len(bad)}/{len(res)}", "worst": f"{worst['output']} "

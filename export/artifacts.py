@@ -1,12 +1,15 @@
 """Exported model folders: every (layer, mode) graph of a checkpoint, and the manifest that lists them.
 
-Layout (`<out>/<model>/`): `layer<i>/<mode>[+hc][+ple][+lora].onnx` per GDN layer and mode, or with `--stack`
-`stack<a>-<b>/<stem>.onnx` per run of consecutive GDN layers (`spec.gdn_runs`; a run of one layer keeps its
-per-layer graph), and `manifest.json` with the checkpoint path, config hash, limits, tool versions, whether the
-weights are graph inputs (the default) or inside the graphs (`--embed-weights`, + `.onnx.data`), the LoRA adapter
-merged into the weights (path and digest; `ExportPlan.adapter`), the engine config a loader reads
-(`engine_config.py`), and per graph its GraphSpec, layers, node counts, size and sha256. `gdn-trt build` and
-`gdn-trt compare` read the manifest.
+Layout (the folder given, `<out>/`): `layer<i>/<mode>[+hc][+ple][+lora].onnx` per GDN layer and mode, or with
+`--stack` `stack<a>-<b>/<stem>.onnx` per run of consecutive GDN layers (`spec.gdn_runs`; a run of one layer keeps
+its per-layer graph), beside each graph its Polygraphy data loader `<stem>_data.py` (`data.py`: `polygraphy run
+<graph> --onnxrt --data-loader-script <stem>_data.py`, the weight inputs fed from the checkpoint), and
+`manifest.json` with the checkpoint path, config hash, limits, tool versions, whether the weights are graph inputs
+(the default) or inside the graphs (`--embed-weights`, + `.onnx.data`), the LoRA adapter merged into the weights
+(path and digest; `ExportPlan.adapter`), the engine config a loader reads (`engine_config.py`), and per graph its
+GraphSpec, layers, node counts, size and sha256. Every path in the manifest is relative to its folder, so an export
+moved together with its checkpoint (a preset's synthetic checkpoint sits inside it) keeps resolving them.
+`gdn-trt build` and `gdn-trt compare` read the manifest.
 """
 
 from __future__ import annotations
@@ -21,15 +24,17 @@ import onnx
 import torch
 
 from gdn_trt.model.checkpoint import Checkpoint
+from gdn_trt.model.config import GdnConfig
 from gdn_trt.model.dtypes import DTYPES
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.peft import load_adapter, merge_checkpoint
 from gdn_trt.plugins.spec import NAMESPACE
 
+from .data import write_loader_script
 from .digest import graph_files, sha256_files
-from .onnx_export import export_graph
 from .engine_config import engine_config
+from .onnx_export import export_graph
 from .spec import GraphSpec, Limits, Variant, gdn_runs, graph_spec
 
 MANIFEST = "manifest.json"
@@ -47,32 +52,35 @@ class ExportPlan:
     stack: bool = False  # one graph per run of consecutive GDN layers (`gdn_runs`) instead of one per layer
     weights: bool = True  # weights as graph inputs; False = inside the graphs as initializers (--embed-weights)
 
-    def graph_layers(self, ck: Checkpoint) -> list[tuple[int, ...]]:
+    def graph_layers(self, ck: Checkpoint | GdnConfig) -> list[tuple[int, ...]]:
         """The layers of each graph to export (per mode): one layer each, or with `stack` each run of the planned
         layers (`gdn_runs`: a run ends at a layer left out, an attention layer or a GDN layer whose FFN the host
         runs)."""
-        ids = self.layer_ids(ck)
-        return gdn_runs(ck.config, tuple(ids)) if self.stack else [(i,) for i in ids]
+        cfg = ck if isinstance(ck, GdnConfig) else ck.config
+        ids = self.layer_ids(cfg)
+        return gdn_runs(cfg, tuple(ids)) if self.stack else [(i,) for i in ids]
 
-    def layer_ids(self, ck: Checkpoint) -> list[int]:
-        ids = list(ck.config.gdn_layer_ids)
+    def layer_ids(self, ck: Checkpoint | GdnConfig) -> list[int]:
+        cfg = ck if isinstance(ck, GdnConfig) else ck.config
+        ids = list(cfg.gdn_layer_ids)
         if self.layers == "all":
             return ids
         if self.layers == "variants":
             seen: dict[Variant, int] = {}
             for i in ids:
-                seen.setdefault(Variant.of(ck.config, i), i)
+                seen.setdefault(Variant.of(cfg, i), i)
             return sorted(seen.values())
         want = [int(s) for s in self.layers.split(",") if s.strip()]
         bad = [i for i in want if i not in ids]
         if bad:
-            raise ValueError(f"layers {bad} are not GDN layers of {ck.config.name}; GDN layers: {ids}")
+            raise ValueError(f"layers {bad} are not GDN layers of {cfg.name}; its GDN layers are {ids} "
+                             "(--layers all, variants or some of those)")
         return want
 
 
 @dataclass(frozen=True)
 class GraphRecord:
-    """One exported graph as listed in the manifest (paths relative to the model folder)."""
+    """One exported graph as listed in the manifest (paths relative to the export folder)."""
 
     spec: GraphSpec
     path: str
@@ -107,12 +115,10 @@ def _record(spec: GraphSpec, path: Path, root: Path) -> GraphRecord:
 
 
 def _portable(path: Path | None, root: Path) -> str | None:
-    """The checkpoint path relative to the model folder (so an export folder can be moved or copied to another
-    machine with its synthetic checkpoint), absolute when it is elsewhere."""
+    """`path` relative to the export folder `root` (readers resolve it against the manifest's folder)."""
     if path is None:
         return None
-    path, root = Path(path).resolve(), root.resolve()
-    return os.path.relpath(path, root) if root.parent in path.parents else str(path)
+    return os.path.relpath(Path(path).resolve(), root.resolve())
 
 
 def checkpoint_path(manifest: "Manifest") -> Path | None:
@@ -136,11 +142,11 @@ def exported_weights(manifest: "Manifest", ck: Checkpoint) -> Checkpoint:
 
 def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
                       progress: Callable[[GraphRecord], None] | None = None) -> Path:
-    """Export every planned (layer, mode) of `ck` under `<out>/<model>/`; write and return the manifest path.
+    """Export every planned (layer, mode) of `ck` into the folder `out`; write and return the manifest path.
     `progress(record)` is called after each graph."""
     cfg = ck.config
     dtype = plan.dtype or cfg.dtype
-    root = Path(out) / cfg.name
+    root = Path(out)
     merged = None
     if plan.adapter is not None:
         adapter = load_adapter(plan.adapter, cfg)
@@ -155,6 +161,7 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
             spec = graph_spec(cfg, ids if len(ids) > 1 else ids[0], mode, plan.limits, dtype, plan.weights)
             path = export_graph(layers, spec, root / spec.folder / f"{spec.stem}.onnx")
             rec = _record(spec, path, root)
+            write_loader_script(path, spec)
             records.append(rec)
             if progress:
                 progress(rec)

@@ -5,12 +5,13 @@ Per graph of an export manifest: `NetworkFromOnnxPath` (strongly typed: precisio
 feature (pool, stash and capture outputs are aliased plugin outputs), `EngineFromNetwork`, `SaveEngine`. Before
 parsing, the plugin modules are imported (they register the `gdn_trt` creators) and a pre-flight check names every
 custom node whose creator is missing: TensorRT would otherwise inline the function body silently. `--no-plugins`
-asks for exactly that plugin-free build instead. Output per graph: `<out>/<model>/<layer<i>|stack<a>-<b>>/<stem>.plan`
-and a JSON manifest beside it (config hash, layers, GraphSpec, TensorRT and plugin versions, GPU, the exact
-preview-feature set, the context memory per profile, the plan's and the graph's paths relative to the manifest and
-their sha256, which the runtime checks), and per model the engine config `<out>/<model>/config.json`
-(`engine_config.py`). Without TensorRT it raises `TrtUnavailable` with the install instructions; nothing pretends to
-build.
+asks for exactly that plugin-free build instead. Output per graph (`<out>`: this export's plans folder, `gdn-trt
+build --out`): `<out>/<layer<i>|stack<a>-<b>>/<stem>.plan` and a JSON manifest beside it (config hash, layers,
+GraphSpec, TensorRT and plugin versions, GPU, the exact preview-feature set, the context memory per profile, the
+plan's and the graph's paths relative to the manifest and their sha256, which the runtime checks, and the builder
+settings, `BuilderTuning`: memory pool limits, timing cache, optimization level); per export the engine config
+`<out>/config.json` (`engine_config.py`). Without TensorRT it raises `TrtUnavailable` with the install
+instructions; nothing pretends to build.
 
 Polygraphy's `CreateConfig(preview_features=[...])` sets every member of `trt.PreviewFeature`: the ones listed on,
 all others off, TensorRT's defaults included (on 10.x `PROFILE_SHARING_0806` and `RUNTIME_ACTIVATION_RESIZE_10_10`
@@ -90,13 +91,49 @@ def preview_feature_set(trt) -> dict[str, bool]:
     return {name: name in PREVIEW_FEATURES for name in trt.PreviewFeature.__members__}
 
 
-def create_config(trt, profiles: list, refittable: bool = False):
-    """Polygraphy `CreateConfig`: the profiles, `PREVIEW_FEATURES` (and only those), REFIT when asked."""
+@dataclass(frozen=True)
+class BuilderTuning:
+    """The builder settings TensorRT users pass to trtexec and Polygraphy (None = TensorRT's default).
+
+    Args:
+        pool_limits: (pool, bytes) per `trt.MemoryPoolType` member, lower case (`workspace`: trtexec
+            `--memPoolSize=workspace:...`, Polygraphy `--pool-limit workspace:...`).
+        timing_cache: a tactic timing cache file, loaded before each build when it exists and saved (merged) after
+            it, so the second build of the same graphs skips the tactic timing.
+        optimization_level: builder optimization level 0..5 (TensorRT's default is 3).
+    """
+
+    pool_limits: tuple[tuple[str, int], ...] = ()
+    timing_cache: Path | None = None
+    optimization_level: int | None = None
+
+    def config_args(self, trt) -> dict:
+        """Keyword arguments of Polygraphy's `CreateConfig` for these settings."""
+        pools = {}
+        for name, size in self.pool_limits:
+            pool = getattr(trt.MemoryPoolType, name.upper(), None)
+            if pool is None:
+                raise ValueError(f"memory pool {name!r} is not a trt.MemoryPoolType of TensorRT {trt.__version__}; "
+                                 f"pools: {', '.join(n.lower() for n in trt.MemoryPoolType.__members__)}")
+            pools[pool] = size
+        return {"memory_pool_limits": pools or None, "builder_optimization_level": self.optimization_level,
+                "load_timing_cache": None if self.timing_cache is None else str(self.timing_cache)}
+
+    def engine_args(self) -> dict:
+        """Keyword arguments of Polygraphy's `EngineFromNetwork` (where the timing cache is saved)."""
+        return {"save_timing_cache": None if self.timing_cache is None else str(self.timing_cache)}
+
+    def to_json(self) -> dict:
+        return {"pool_limits": dict(self.pool_limits), "optimization_level": self.optimization_level,
+                "timing_cache": None if self.timing_cache is None else str(self.timing_cache)}
+
+
+def create_config(trt, profiles: list, refittable: bool = False, tuning: BuilderTuning = BuilderTuning()):
+    """Polygraphy `CreateConfig`: the profiles, `PREVIEW_FEATURES` (and only those), REFIT when asked, `tuning`."""
     from polygraphy.backend.trt import CreateConfig
 
     return CreateConfig(profiles=profiles, preview_features=[getattr(trt.PreviewFeature, n) for n in PREVIEW_FEATURES],
-                        refittable=refittable)
-
+                        refittable=refittable, **tuning.config_args(trt))
 
 
 def profiles(spec: GraphSpec) -> list:
@@ -111,7 +148,8 @@ def profiles(spec: GraphSpec) -> list:
     return out
 
 
-def engine_loader(spec: GraphSpec, onnx_path: Path, plugins: bool = True, refittable: bool = False):
+def engine_loader(spec: GraphSpec, onnx_path: Path, plugins: bool = True, refittable: bool = False,
+                  tuning: BuilderTuning = BuilderTuning()):
     """A Polygraphy engine loader for one graph (nothing runs until it is called). `refittable` sets
     BuilderFlag.REFIT, so `gdn-trt refit` can later replace the weights (e.g. a merged LoRA adapter)."""
     trt = import_tensorrt()
@@ -120,15 +158,19 @@ def engine_loader(spec: GraphSpec, onnx_path: Path, plugins: bool = True, refitt
     if plugins:
         load_plugins()
         preflight(onnx_path)
-    config = create_config(trt, profiles(spec), refittable)
-    return EngineFromNetwork(NetworkFromOnnxPath(str(onnx_path), strongly_typed=True), config=config)
+    config = create_config(trt, profiles(spec), refittable, tuning)
+    return EngineFromNetwork(NetworkFromOnnxPath(str(onnx_path), strongly_typed=True), config=config,
+                             **tuning.engine_args())
 
 
 @dataclass(frozen=True)
 class BuildOptions:
+    """out: the folder of this export's plans (`<out>/<layer<i>|stack<a>-<b>>/<stem>.plan`, `<out>/config.json`)."""
+
     out: Path
     plugins: bool = True
     refittable: bool = False
+    tuning: BuilderTuning = BuilderTuning()
 
 
 def _gpu() -> dict:
@@ -150,16 +192,17 @@ def build_graph(manifest: Manifest, rec: GraphRecord, opts: BuildOptions) -> Pat
     if got != rec.sha256:
         raise ValueError(f"{onnx_path}: sha256 {got[:16]}... differs from the export manifest's {rec.sha256[:16]}...: "
                          "the graph changed since the export; export again")
-    plan = opts.out / manifest.data["model"] / Path(rec.path).with_suffix(".plan")
+    plan = opts.out / Path(rec.path).with_suffix(".plan")
     plan.parent.mkdir(parents=True, exist_ok=True)
-    engine = SaveEngine(engine_loader(rec.spec, onnx_path, opts.plugins, opts.refittable), path=str(plan))()
+    engine = SaveEngine(engine_loader(rec.spec, onnx_path, opts.plugins, opts.refittable, opts.tuning),
+                        path=str(plan))()
     built = {"tensorrt": trt.__version__, "preview_features": preview_feature_set(trt),
              "context_memory": context_memory(engine)}
     meta = plan_manifest(manifest, rec, plan, opts, built)
     plan.with_suffix(".json").write_text(json.dumps(meta, indent=2))
     config = manifest.data.get("engine_config")
     if config is not None:  # exports made before the engine config existed have none (and weights inside)
-        write_engine_config(config, opts.out / manifest.data["model"],
+        write_engine_config(config, opts.out,
                             {"tensorrt": built["tensorrt"], "plugins": "gdn_trt JIT QDP" if opts.plugins else "none"})
     return plan
 
@@ -179,7 +222,7 @@ def plan_manifest(manifest: Manifest, rec: GraphRecord, plan: Path, opts: BuildO
         "plugins": ({op: {"namespace": NAMESPACE, "version": PLUGIN_VERSION} for op in custom_nodes(onnx_path)}
                     if opts.plugins else "none (function bodies inlined)"),
         "preview_features": built["preview_features"], "context_memory": built["context_memory"], "gpu": _gpu(),
-        "refittable": opts.refittable,
+        "refittable": opts.refittable, "builder": opts.tuning.to_json(),
         "merged_adapter": None if merged is None else merged["digest"],
         "plan_sha256": sha256_files([plan]), "plan_bytes": plan.stat().st_size,
     }

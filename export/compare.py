@@ -1,20 +1,21 @@
-"""`gdn-trt compare`: the same inputs through torch, ONNX Runtime and TensorRT with Polygraphy's `Comparator`.
+"""`gdn-trt compare`: the same inputs through torch, ONNX Runtime (or ONNX's reference evaluator) and TensorRT with
+Polygraphy's `Comparator`.
 
 Per exported graph: the GraphSpec-aware inputs of `data.py`, `Comparator.run` over the runners (torch first: it
 is the reference), `Comparator.compare_accuracy` with `RelRmsCompare` (every runner against torch, every output
-against its bound from `tolerances.py`), a JSON of every (runner pair, iteration, output) error and an error plot
-(PNG: worst relative RMS error per output and runner pair, log scale, with the bounds).
+against its bound from `tolerances.py`). `report.py` writes one JSON and one plot per run. Graphs are compared in
+the dtype they were exported in: a bfloat16 export (every real checkpoint) runs in ONNX's reference evaluator
+(`runners.OnnxRefRunner`), since ONNX Runtime's CPU provider has no bf16 kernels. Every runner gets the layers'
+real weights on the weight inputs (`weight_feed`), and a stack graph is compared against its run of torch layers.
+`polygraphy_loader` gives the same feeds to Polygraphy's own CLI (the `<stem>_data.py` scripts of an export).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from polygraphy.comparator import Comparator
 
 from gdn_trt.model.checkpoint import load_checkpoint
@@ -22,13 +23,30 @@ from gdn_trt.model.dtypes import DTYPES
 from gdn_trt.model.layer import GdnLayer
 
 from .artifacts import GraphRecord, Manifest, checkpoint_path, exported_weights
-from .data import GraphData
-from .runners import TorchRunner, onnxrt_runner, trt_runner
+from .data import GraphData, loader_graph
+from .runners import OnnxRefRunner, TorchRunner, from_torch, onnxrt_runner, trt_runner
 from .spec import GraphSpec, Role
 from .tolerances import bound, errors, within
 
-BACKENDS = ("torch", "onnxrt", "trt")
-_log = logging.getLogger(__name__)
+BACKENDS = ("torch", "onnxrt", "onnxref", "trt")
+ONNXRT_DTYPES = ("float32", "float16")  # what ONNX Runtime's CPU provider runs end to end (bf16: no Add kernel)
+
+
+def backends_for(text: str, dtype: str, trt_available: bool) -> tuple[str, ...]:
+    """The runners of `--backends` for an export in `dtype`: `auto` = torch, the ONNX runner that runs this dtype
+    on a CPU, and trt where TensorRT imports. Raises ValueError for unknown names or onnxrt on a bf16 export."""
+    if text == "auto":
+        return ("torch", "onnxrt" if dtype in ONNXRT_DTYPES else "onnxref") + (("trt",) if trt_available else ())
+    names = tuple(b.strip() for b in text.split(",") if b.strip())
+    bad = [b for b in names if b not in BACKENDS]
+    if bad:
+        raise ValueError(f"unknown backends {bad}; choose from {', '.join(BACKENDS)} (or auto)")
+    if len(names) < 2:
+        raise ValueError(f"compare needs two backends or more, got {list(names)}")
+    if "onnxrt" in names and dtype not in ONNXRT_DTYPES:
+        raise ValueError(f"this export is {dtype}: ONNX Runtime's CPU provider has no {dtype} kernels (its session "
+                         "fails on the first Add); use onnxref, ONNX's reference evaluator: --backends torch,onnxref")
+    return names
 
 
 class RelRmsCompare:
@@ -48,7 +66,7 @@ class RelRmsCompare:
         for name in self.spec.output_names:
             tol = bound(self.spec, name)
             a, b = ref[name], got[name]
-            if a.shape != b.shape:
+            if tuple(a.shape) != tuple(b.shape):
                 rel, mx, ok = float("inf"), float("inf"), False
             else:
                 rel, mx = errors(a, b)
@@ -57,6 +75,16 @@ class RelRmsCompare:
             self.records.append({"pair": list(pair), "iteration": it, "output": name, "rel_rms": rel,
                                  "max_abs": mx, "bound_rel_rms": tol.rel_rms, "floor": tol.floor, "passed": ok})
         return out
+
+
+def share_words(rel: float, tol: float) -> str:
+    """An error as a share of its bound, in words: `3% of its bound`, `2.4x its bound`, `exact`."""
+    if rel == 0:
+        return "exact (no difference)"
+    share = rel / tol
+    if share < 0.01:
+        return "under 1% of its bound"
+    return f"{share:.0%} of its bound" if share < 10 else f"{share:.0f}x its bound"
 
 
 @dataclass
@@ -71,18 +99,31 @@ class GraphResult:
         return bool(self.records) and all(r["passed"] for r in self.records)
 
     def worst(self) -> dict:
+        """The measurement closest to (or furthest over) its bound: the largest error / bound."""
         return max(self.records, key=lambda r: r["rel_rms"] / r["bound_rel_rms"])
 
+    def name(self) -> str:
+        """'layer 3 decode' or 'layers 3-5 decode' (a stack graph)."""
+        return f"{self.record.spec.where} {self.record.spec.stem}"
+
+    def closest(self) -> str:
+        """Which output came closest to its bound, in words (the metric spelled out)."""
+        w = self.worst()
+        floor = (f"; passes because every element is within the {w['floor']:.0e} floor"
+                 if w["passed"] and w["rel_rms"] > w["bound_rel_rms"] else "")
+        return (f"{w['output']} at {share_words(w['rel_rms'], w['bound_rel_rms'])} (relative RMS error "
+                f"{w['rel_rms']:.1e}, bound {w['bound_rel_rms']:.0e}, largest element difference {w['max_abs']:.1e}"
+                f"{floor})")
+
     def summary(self) -> str:
-        s, w = self.record.spec, self.worst()
-        return (f"{s.where} {s.stem}: {' vs '.join(self.runners)}: {'PASS' if self.passed else 'FAIL'} "
-                f"(worst: {w['output']} rel RMS {w['rel_rms']:.2e}, bound {w['bound_rel_rms']:.0e}, "
-                f"max-abs {w['max_abs']:.2e}), {len(self.cases)} iterations")
+        n = len(self.cases)
+        return (f"{self.name()}: {'PASS' if self.passed else 'FAIL'} {' vs '.join(self.runners)}, {n} "
+                f"iteration{'s' if n != 1 else ''}; closest to its bound: {self.closest()}")
 
     def to_json(self) -> dict:
         s = self.record.spec
         return {"model": s.model, "layer": s.layer_idx, "layers": list(s.layer_ids), "mode": s.mode.value,
-                "graph": s.stem,
+                "graph": s.stem, "dtype": s.act_dtype,
                 "onnx": self.record.path, "runners": self.runners, "passed": self.passed, "cases": self.cases,
                 "records": self.records}
 
@@ -92,22 +133,25 @@ class CompareOptions:
     backends: tuple[str, ...] = ("torch", "onnxrt")
     device: str = "cpu"  # torch runner
     iterations: int = 2
-    engines: Path | None = None  # plans from `gdn-trt build`; None = build in memory from the ONNX file
-    out: Path | None = None  # JSON + PNG per graph
+    engines: Path | None = None  # this export's plans from `gdn-trt build`; None = build in memory from the ONNX
 
 
-def weight_feed(spec: GraphSpec, layers: list[GdnLayer]) -> dict[str, np.ndarray]:
-    """The value of every weight input of `spec` (role weight) from its layer's buffers, by input name."""
+def weight_feed(spec: GraphSpec, layers: list[GdnLayer]) -> dict:
+    """The value of every weight input of `spec` (role weight) from its layer's buffers, by input name: numpy, or
+    torch where numpy lacks the dtype (bfloat16)."""
     by_index = {la.index: la.weights() for la in layers}
-    return {t.name: by_index[t.layer][t.local].detach().cpu().numpy()
-            for t in spec.inputs if t.role is Role.WEIGHT}
+    return {t.name: from_torch(by_index[t.layer][t.local]) for t in spec.inputs if t.role is Role.WEIGHT}
 
 
-def compare_graph(manifest: Manifest, rec: GraphRecord, layers: GdnLayer | dict[int, GdnLayer],
+def compare_graph(manifest: Manifest, rec: GraphRecord, layers: GdnLayer | dict[int, GdnLayer] | None,
                   opts: CompareOptions) -> GraphResult:
-    """`layers`: the graph's layer, or the export's layers by index (`layers_of`; a stack graph needs its run)."""
+    """`layers`: the graph's layer, or the export's layers by index (`layers_of`; a stack graph needs its run), or
+    None to load the graph's layers from the export's checkpoint. They are the torch runner's layers and the values
+    of the weight inputs (which every runner needs, torch among the backends or not)."""
     spec = rec.spec
-    if isinstance(layers, GdnLayer):
+    if layers is None:
+        layers = layers_of(manifest, spec.act_dtype, spec.layer_ids)
+    elif isinstance(layers, GdnLayer):
         layers = {layers.index: layers}
     missing = [i for i in spec.layer_ids if i not in layers]
     if missing:
@@ -119,10 +163,10 @@ def compare_graph(manifest: Manifest, rec: GraphRecord, layers: GdnLayer | dict[
         runners.append(TorchRunner(run, spec, opts.device))
     if "onnxrt" in opts.backends:
         runners.append(onnxrt_runner(manifest.root / rec.path))
+    if "onnxref" in opts.backends:
+        runners.append(OnnxRefRunner(manifest.root / rec.path, spec))
     if "trt" in opts.backends:
-        plan = None
-        if opts.engines is not None:
-            plan = opts.engines / spec.model / Path(rec.path).with_suffix(".plan")
+        plan = None if opts.engines is None else opts.engines / Path(rec.path).with_suffix(".plan")
         bucket = spec.bucket_for({**data.cases[0].sizes(), "S": spec.limits.pool_slots})
         runners.append(trt_runner(spec, manifest.root / rec.path, plan, bucket))
     if len(runners) < 2:
@@ -130,59 +174,44 @@ def compare_graph(manifest: Manifest, rec: GraphRecord, layers: GdnLayer | dict[
     results = Comparator.run(runners, data_loader=list(data))
     cmp = RelRmsCompare(spec)
     Comparator.compare_accuracy(results, compare_func=cmp, comparisons=[(0, i) for i in range(1, len(runners))])
-    res = GraphResult(rec, [r.name for r in runners], [vars(c) for c in data.cases], cmp.records)
-    if opts.out is not None:
-        base = opts.out / spec.model / Path(rec.path).with_suffix("")
-        base.parent.mkdir(parents=True, exist_ok=True)
-        base.with_suffix(".json").write_text(json.dumps(res.to_json(), indent=2))
-        error_plot(res, base.with_suffix(".png"))
-    return res
+    return GraphResult(rec, [r.name for r in runners], [vars(c) for c in data.cases], cmp.records)
 
 
-def layers_of(manifest: Manifest, dtype: str) -> dict[int, GdnLayer]:
-    """The exported checkpoint's layers, loaded again with the real loader (and the merged adapter, if any)."""
+def layers_of(manifest: Manifest, dtype: str, ids: tuple[int, ...] | None = None) -> dict[int, GdnLayer]:
+    """The exported checkpoint's layers (those of `ids`, default all), loaded again with the real loader (and the
+    merged adapter, if any)."""
     ck_path = checkpoint_path(manifest)
     if ck_path is None or not ck_path.exists():
-        raise FileNotFoundError(f"{manifest.path}: checkpoint {ck_path!r} not found; the torch runner needs it")
+        raise FileNotFoundError(f"{manifest.path}: its checkpoint {ck_path} is not there (the manifest records it "
+                                "relative to its folder: move an export together with its checkpoint); the torch "
+                                "runner needs it")
     ck = load_checkpoint(ck_path)
     if ck.config.config_hash() != manifest.data["config_hash"]:
         raise ValueError(f"{ck_path}: config hash {ck.config.config_hash()} differs from the export's "
                          f"{manifest.data['config_hash']}")
     ck = exported_weights(manifest, ck)
-    return {lw.index: GdnLayer(ck.config, lw, DTYPES[dtype]).eval() for lw in ck.layers}
+    return {lw.index: GdnLayer(ck.config, lw, DTYPES[dtype]).eval() for lw in ck.layers
+            if ids is None or lw.index in ids}
 
 
-def error_plot(result: GraphResult, path: Path) -> Path | None:
-    """Bars: worst relative RMS error over the iterations per (output, runner pair), log scale; ticks: bounds.
-    Returns None, and says why, when matplotlib is not installed (the JSON holds the same numbers)."""
-    try:
-        import matplotlib
+def polygraphy_loader(script: str | Path, iterations: int = 2):
+    """The `load_data` of a loader script written by `data.write_loader_script`: a no-argument generator function
+    of the feeds `compare_graph` gives the script's graph (a layer's or a stack's), its GraphSpec read from the
+    export's manifest.json (the script's folder's parent) and its weight inputs the layers' real weights
+    (`layers_of`: the export's checkpoint, with any merged adapter; graphs with the weights inside need none)."""
+    root, graph = loader_graph(script)
+    manifest = Manifest.load(root)
+    found = [g for g in manifest.graphs if Path(g.path).as_posix() == graph]
+    if not found:
+        raise FileNotFoundError(f"{manifest.path} lists no graph {graph}: export again")
+    spec = found[0].spec
+    weights = None
+    if not spec.weights_inside:
+        layers = layers_of(manifest, manifest.data["dtype"], spec.layer_ids)
+        weights = weight_feed(spec, [layers[i] for i in spec.layer_ids])
+    data = GraphData(spec, iterations, weights=weights)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        _log.warning("no error plot for %s: matplotlib is not installed (%s); pip install matplotlib", path, e)
-        return None
-    outputs = list(dict.fromkeys(r["output"] for r in result.records))
-    pairs = list(dict.fromkeys(tuple(r["pair"]) for r in result.records))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(outputs) * len(pairs)), 4.0))
-    width = 0.8 / max(1, len(pairs))
-    floor = 1e-12  # exact matches still get a visible bar on the log axis
-    for j, pair in enumerate(pairs):
-        worst = [max((r["rel_rms"] for r in result.records if r["output"] == o and tuple(r["pair"]) == pair),
-                     default=0.0) for o in outputs]
-        xs = [i + j * width for i in range(len(outputs))]
-        ax.bar(xs, [max(w, floor) for w in worst], width, label=" vs ".join(pair))
-    bounds = [next(r["bound_rel_rms"] for r in result.records if r["output"] == o) for o in outputs]
-    ax.scatter([i + 0.4 - width / 2 for i in range(len(outputs))], bounds, marker="_", s=600, color="red",
-               label="bound", zorder=3)
-    ax.set_yscale("log")
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(outputs))], outputs, rotation=30, ha="right")
-    ax.set_ylabel("relative RMS error (worst iteration)")
-    spec = result.record.spec
-    ax.set_title(f"{spec.model} {spec.where} {spec.stem}: {'PASS' if result.passed else 'FAIL'}")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    def load_data():
+        yield from data
+
+    return load_data

@@ -7,19 +7,30 @@ that cross a chunk boundary. Activations, pools, stashes and captures are random
 untouched are compared too. Graphs with LoRA slots get random slot weights and, per sequence, an adapter slot
 (the last slot first, then the others, then -1 = none), so single-sequence modes use an adapter and multi-sequence
 modes mix adapters with none. Every case must fit one of the spec's profile buckets.
+
+Feeds are numpy arrays, or torch tensors for a graph with a dtype numpy lacks (bfloat16 activations): values are
+drawn in float32 and rounded once to the input's dtype. Polygraphy's comparator and runners take either. Weight
+inputs (role weight) get the layers' real weights, given by the caller (`compare.weight_feed`).
+
+Beside every exported graph, `write_loader_script` writes a Polygraphy data-loader script `<stem>_data.py` whose
+`load_data` yields these feeds (`compare.polygraphy_loader`: the GraphSpec from the manifest, the weight inputs
+from the export's checkpoint), so `polygraphy run <graph> --onnxrt --data-loader-script <stem>_data.py` runs the
+graph on valid inputs and the layers' own weights.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import torch
 
 from gdn_trt.model.modes import LayerMode
 
 from .spec import GraphSpec, Role
 
-_NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
 
 
 @dataclass(frozen=True)
@@ -67,15 +78,12 @@ def _cases(spec: GraphSpec) -> list[tuple[tuple[int, ...], tuple[int, ...] | Non
 
 
 class GraphData:
-    """Iterable of feed dicts (numpy, spec input names) for `iterations` cases; `cases` lists what each holds.
-    `weights`: the value of every weight input (role weight) by input name, the same in every case (the layers'
-    real weights: every runner then computes with them); required when the spec has weight inputs."""
+    """Iterable of feed dicts (spec input names; numpy, or torch for a bf16 graph) for `iterations` cases; `cases`
+    lists what each holds. `weights`: the value of every weight input (role weight) by input name, numpy or torch,
+    the same in every case (the layers' real weights: every runner then computes with them); required when the spec
+    has weight inputs."""
 
-    def __init__(self, spec: GraphSpec, iterations: int = 2, seed: int = 0,
-                 weights: dict[str, np.ndarray] | None = None):
-        if spec.act_dtype not in _NP:
-            raise ValueError(f"{spec.stem}: comparisons feed numpy arrays; activation dtype {spec.act_dtype} has "
-                             "none (export with --dtype float32 to compare)")
+    def __init__(self, spec: GraphSpec, iterations: int = 2, seed: int = 0, weights: dict | None = None):
         need = [t.name for t in spec.inputs if t.role is Role.WEIGHT]
         missing = [n for n in need if n not in (weights or {})]
         if missing:
@@ -114,8 +122,11 @@ class GraphData:
                 feed[t.name] = self.weights[t.name]
             else:
                 scale = 0.5 if t.role is not Role.ACTIVATION else 1.0
-                feed[t.name] = (rng.standard_normal(shape) * scale).astype(_NP[t.dtype])
-        return feed
+                feed[t.name] = (rng.standard_normal(shape) * scale).astype(NUMPY_DTYPES.get(t.dtype, np.float32))
+        if all(t.dtype in NUMPY_DTYPES for t in self.spec.inputs):
+            return feed
+        return {t.name: (x if isinstance(x, torch.Tensor) else torch.from_numpy(x)).to(t.torch_dtype)
+                for t, x in ((t, feed[t.name]) for t in self.spec.inputs)}
 
     def __iter__(self):
         for i, case in enumerate(self.cases):
@@ -123,3 +134,67 @@ class GraphData:
 
     def __len__(self) -> int:
         return len(self.cases)
+
+
+LOADER_SUFFIX = "_data.py"
+_LOADER = '''"""Polygraphy data loader of {graph} ({model}, {where}, {mode}), written by `gdn-trt export`.
+
+From the export folder:
+    polygraphy run {graph} --onnxrt --data-loader-script {script}
+    polygraphy run {graph} --trt --data-loader-script {script} \\
+        --strongly-typed --preview-features aliased_plugin_io_10_03 \\
+        --trt-min-shapes {mins} \\
+        --trt-opt-shapes {opts} \\
+        --trt-max-shapes {maxs}
+
+`load_data` yields what `gdn-trt compare` feeds this graph: valid packings (cu_seqlens), distinct pool slots (a
+padding sequence, slot -1, where the mode takes several), capture points and random states, made from the graph's
+GraphSpec in manifest.json (gdn_trt.export.data){weights}. Where TensorRT is installed, importing this file also
+registers the gdn_trt plugins, so that `--trt` parses the custom nodes as plugins.
+"""
+from gdn_trt.export.compare import polygraphy_loader
+
+load_data = polygraphy_loader(__file__)
+try:
+    import tensorrt  # noqa: F401
+except ImportError:
+    pass
+else:
+    from gdn_trt.export.build import load_plugins
+
+    load_plugins()
+'''
+_WEIGHTS = (", and the weight inputs the layers' real weights, read from the export's checkpoint (manifest.json "
+            "records it relative to this folder, with any merged adapter)")
+
+
+def loader_script(onnx_path: Path) -> Path:
+    """`layer0/decode.onnx` -> `layer0/decode_data.py` (a module name Polygraphy can import: no dot in the stem)."""
+    return onnx_path.with_name(onnx_path.name.removesuffix(".onnx") + LOADER_SUFFIX)
+
+
+def _shapes(spec: GraphSpec, point: int, bucket: int) -> str:
+    prof = spec.profile(bucket)
+    return " ".join(f"{t.name}:[{','.join(map(str, prof[t.name][point]))}]" for t in spec.inputs
+                    if not all(isinstance(d, int) for d in t.dims))
+
+
+def write_loader_script(onnx_path: Path, spec: GraphSpec) -> Path:
+    """Write the Polygraphy data-loader script beside an exported graph (the TensorRT shapes of the profile that
+    holds the loader's first case go into its docstring; weight inputs are static and need none)."""
+    script = loader_script(onnx_path)
+    lengths, _ = _cases(spec)[0]
+    bucket = spec.bucket_for({"N": len(lengths), "T": sum(max(L, 1) if L < 0 else L for L in lengths),
+                              "S": spec.limits.pool_slots})
+    rel = lambda p: f"{p.parent.name}/{p.name}"  # noqa: E731 (relative to the export folder)
+    script.write_text(_LOADER.format(graph=rel(onnx_path), model=spec.model, where=spec.where, mode=spec.stem,
+                                     script=rel(script), mins=_shapes(spec, 0, bucket), opts=_shapes(spec, 1, bucket),
+                                     maxs=_shapes(spec, 2, bucket),
+                                     weights="" if spec.weights_inside else _WEIGHTS))
+    return script
+
+
+def loader_graph(script: str | Path) -> tuple[Path, str]:
+    """The export folder and the graph path (relative to it, as the manifest lists it) of a loader script."""
+    path = Path(script).resolve()
+    return path.parent.parent, f"{path.parent.name}/{path.name.removesuffix(LOADER_SUFFIX)}.onnx"

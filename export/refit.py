@@ -55,7 +55,8 @@ def check_refit_pair(old: Path, new: Path) -> list[str]:
 
 
 def refit_plans(manifest: Manifest, engines: Path, modes: tuple[LayerMode, ...] | None = None) -> list[Path]:
-    """Refit the plans under `engines/<model>/` with the weights of `manifest`'s graphs; returns the plans."""
+    """Refit the plans under `engines` (the folder `gdn-trt build --out` wrote for this export) with the weights of
+    `manifest`'s graphs; returns the plans."""
     from .build import import_tensorrt, load_plugins
 
     trt = import_tensorrt()
@@ -64,7 +65,7 @@ def refit_plans(manifest: Manifest, engines: Path, modes: tuple[LayerMode, ...] 
     runtime = trt.Runtime(logger)
     done = []
     for rec in manifest.select(modes):
-        plan = engines / manifest.data["model"] / Path(rec.path).with_suffix(".plan")
+        plan = engines / Path(rec.path).with_suffix(".plan")
         meta_path = plan.with_suffix(".json")
         if not meta_path.exists():
             raise FileNotFoundError(f"{plan}: no plan manifest; build it with gdn-trt build --refittable")

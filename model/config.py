@@ -374,6 +374,12 @@ class _Reader:
         return v
 
 
+# what transformers' config classes give a key that config.json leaves out (tests/test_config_vs_transformers.py)
+_HF_DEFAULTS = {Family.QWEN3_NEXT: {"vocab_size": 151_936, "intermediate_size": 5632},
+                Family.QWEN3_5: {"vocab_size": 248_320, "intermediate_size": 12_288},
+                Family.QWEN4_EXP: {"vocab_size": 248_320, "intermediate_size": 0}}
+
+
 def _fields(r: _Reader, family: Family, model_type: str, outer: dict, name: str) -> dict[str, Any]:
     """GdnConfig keyword arguments from an HF config's text part (`r`) and its outer dict."""
     text = r.d
@@ -407,9 +413,10 @@ def _fields(r: _Reader, family: Family, model_type: str, outer: dict, name: str)
         hidden_act=r.str("hidden_act", "silu"),
         output_gate_type=text.get("output_gate_type") or r.str("hidden_act", "silu"),
         # only dense MLP layers use it; 0 otherwise keeps the config hash independent of unused fields
-        intermediate_size=r.int("intermediate_size", 0, nullable=True) if dense else 0,
+        intermediate_size=r.int("intermediate_size", _HF_DEFAULTS[family]["intermediate_size"], nullable=True)
+        if dense else 0,
         dense_mlp_layers=dense,
-        vocab_size=r.int("vocab_size", 151_936),
+        vocab_size=r.int("vocab_size", _HF_DEFAULTS[family]["vocab_size"]),
         eos_token_id=eos if eos is not None else 151_645,
         dtype=str(dtype),
     )

@@ -1,9 +1,9 @@
 """`GdnTrtError`: the base of every gdn-trt domain error, so a caller can catch them all at once.
 
 Each domain error also subclasses the builtin it always was (`ValueError`, `KeyError` or `RuntimeError`), so code
-that catches those keeps working: `AdapterError` (model.peft), `TrtUnavailable` (export.build), `PlanMismatchError`
-(runtime.plans), `NoEngineError` (runtime.select), `BudgetError` (runtime.budget), `SnapshotError` and
-`PoolFullError` (runtime.state), `SequenceError` (runtime.seqs).
+that catches those keeps working: `AdapterError` (model.peft), `DeviceError` (model.devices), `TrtUnavailable`
+(export.build), `PlanMismatchError` (runtime.plans), `NoEngineError` (runtime.select), `BudgetError` (runtime.budget),
+`SnapshotError` and `PoolFullError` (runtime.state), `SequenceError` (runtime.seqs).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from torch import Tensor
 from gdn_trt.model.checkpoint import (PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer,
                                      weights_digest)
 from gdn_trt.model.config import PRESETS, GdnConfig
+from gdn_trt.model.devices import DeviceError, resolve_device  # noqa: F401 (DeviceError: what open raises)
 from gdn_trt.model.dtypes import DTYPES, dtype_name
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.lora import Adapter
@@ -153,14 +154,14 @@ class Session:
     def open(cls, checkpoint_or_preset: Source, engines_dir: str | None = None, backend: str = "auto",
              device: str | torch.device | None = None, max_seqs: int | None = None,
              options: SessionOptions | None = None) -> "Session":
-        """Load the model, budget memory (fails early naming the limit to lower), build the engines and buffers."""
+        """Load the model, budget memory (fails early naming the limit to lower), build the engines and buffers.
+        A device this machine does not have is a `DeviceError`, raised before anything is loaded or allocated."""
         options = options or SessionOptions()
         if max_seqs is not None:
             options = replace(options, limits=replace(options.limits, max_seqs=max_seqs))
+        dev = resolve_device(device)
         if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            log.info("device not given: %s", device)
-        dev = torch.device(device)
+            log.info("device not given: %s", dev)
         ckpt, tmp = load_source(checkpoint_or_preset, options.seed)
         cfg = ckpt.config
         dtype = options.dtype or act_dtype(cfg, dev)

@@ -59,13 +59,19 @@ class SessionStats:
     adapters: AdapterCounters | None = None  # LoRA slot traffic (sessions with adapter slots)
 
     def table(self) -> str:
-        """A human-readable summary (one line per step kind, then speculation, snapshots, graphs, PLE)."""
-        lines = [f"{'kind':<8} {'steps':>5} {'seqs':>5} {'tokens':>6}  modes / engines / paths / vetoes"]
+        """A human-readable summary (one line per step kind, each CUDA-graph veto reason once with its count per
+        kind, then speculation, snapshots, graphs, PLE)."""
+        lines = [f"{'kind':<8} {'steps':>5} {'seqs':>5} {'tokens':>6}  modes / engines / paths"]
+        vetoes: dict[str, list[str]] = {}
         for kind, k in self.kinds.items():
             if not k.steps:
                 continue
             lines.append(f"{kind.value:<8} {k.steps:>5} {k.sequences:>5} {k.tokens:>6}  {dict(k.modes)} / "
-                         f"{dict(k.engines)} / {dict(k.paths)}" + (f" / {dict(k.vetoes)}" if k.vetoes else ""))
+                         f"{dict(k.engines)} / {dict(k.paths)}")
+            for why, n in k.vetoes.items():
+                vetoes.setdefault(why, []).append(f"{kind.value} {n}")
+        for why, counts in vetoes.items():
+            lines.append(f"eager, not a CUDA graph: {why} ({', '.join(counts)} steps)")
         rate = f"{self.accepted / self.drafted:.0%}" if self.drafted else "-"
         lines.append(f"speculation: {self.accepted}/{self.drafted} draft tokens accepted ({rate})")
         lines.append(f"snapshots: {self.snapshots} taken, {self.captures} prefill captures, {self.restores} restored "

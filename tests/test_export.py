@@ -46,7 +46,7 @@ def exported_models(tmp_path_factory) -> dict[Variant, Manifest]:
     for variant, (p, out) in procs.items():
         log = p.communicate(timeout=600)[0]
         assert p.returncode == 0, f"export of {variant.value} failed:\n{log[-4000:]}"
-        _cache[variant] = Manifest.load(out / VARIANTS[variant][0])
+        _cache[variant] = Manifest.load(out)
         _cache[variant].data["log"] = log
     return _cache
 
@@ -72,6 +72,17 @@ def test_export_prints_one_line_per_graph_and_a_manifest(exported):
             assert "inputs" in line and "outputs" in line and f"nodes ({custom} gdn_trt)" in line and "MB ->" in line
         assert "6 graphs, manifest:" in log
         assert [g.spec.mode for g in m.graphs] == list(LayerMode)
+
+
+def test_out_is_the_export_folder_and_its_paths_are_relative(exported):
+    """`--out X` writes X/manifest.json (no model folder nested under X); the preset's synthetic checkpoint sits in
+    X/checkpoint/<preset>, and the manifest records every path relative to its folder."""
+    for variant, m in exported.items():
+        name = VARIANTS[variant][0]
+        assert m.path.parent.name == variant.value and m.data["model"] == name
+        assert not (m.root / name).exists()
+        assert m.data["checkpoint"] == f"checkpoint/{name}" and checkpoint_path(m) == m.root / "checkpoint" / name
+        assert all(not Path(g["path"]).is_absolute() for g in m.data["graphs"])
 
 
 @pytest.mark.parametrize("variant,mode", GRAPHS)

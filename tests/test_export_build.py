@@ -19,6 +19,7 @@ from .conftest import has_tensorrt
 
 @pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed: builds are exercised instead")
 def test_build_without_tensorrt_says_how_to_install(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text('{"model": "m", "limits": {}, "graphs": []}')  # an export, checked first
     rc = cli.main(["build", "--onnx", str(tmp_path), "--out", str(tmp_path / "engines")])
     err = capsys.readouterr().err
     assert rc == 2

@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import onnx
 import pytest
 import torch
+from polygraphy.json import load_json
 
 from gdn_trt.export import cli
 from gdn_trt.export.artifacts import ExportPlan, Manifest, checkpoint_path, export_checkpoint
 from gdn_trt.export.compare import CompareOptions, compare_graph, layers_of
+from gdn_trt.export.data import loader_script
+from gdn_trt.export.runners import TorchRunner
 from gdn_trt.export.spec import Limits, Role, graph_spec
+from gdn_trt.export.tolerances import bound, errors, within
 from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
 from gdn_trt.model.config import preset
 from gdn_trt.model.layer import GdnLayer
@@ -29,6 +34,7 @@ from gdn_trt.plugins.spec import NAMESPACE
 from gdn_trt.runtime.session import synthetic
 
 from .test_compare import swap_inputs
+from .test_polygraphy_cli import polygraphy
 from .test_runtime_stack import HC_DENSE, HYBRID
 
 LIMITS = Limits(max_seqs=4, max_tokens=96, max_draft=4, pool_slots=6, seq_buckets=(2, 4))
@@ -110,3 +116,25 @@ def test_a_stack_binding_one_layers_weights_to_another_fails(stacks, tmp_path):
     swap_inputs(m.root / rec.path, "l0.mixer.out_proj", "l1.mixer.out_proj")
     res = compare_graph(m, rec, layers_of(m, "float32"), CompareOptions(("torch", "onnxrt")))
     assert not res.passed and res.worst()["rel_rms"] > 1e-2
+
+
+def test_polygraphy_runs_a_stack_graph_on_its_data_loader(stacks, tmp_path):
+    """`polygraphy run stack0-2/<mode>.onnx --onnxrt --data-loader-script stack0-2/<mode>_data.py` from the export
+    folder: the loader feeds every layer's real weights (read from the export's checkpoint) to the `l<i>.` weight
+    inputs, and the graph's outputs equal the torch layers'."""
+    m, layers = stacks["plain"]
+    rec = _record(m, LayerMode.DECODE_MULTI_SEQ)
+    spec, script = rec.spec, loader_script(m.root / rec.path)
+    assert script.parent.name == "stack0-2" and "layers 0-2" in script.read_text()
+    ins, outs = tmp_path / "inputs.json", tmp_path / "outputs.json"
+    polygraphy("run", rec.path, "--onnxrt", "--data-loader-script", str(script.relative_to(m.root)),
+               "--save-inputs", str(ins), "--save-outputs", str(outs), cwd=m.root)
+    feeds, results = load_json(ins), load_json(outs)[0][1]
+    weights = {t.name: layers[t.layer].weights()[t.local].numpy() for t in spec.inputs if t.role is Role.WEIGHT}
+    assert len(feeds) == len(results) == 2 and len(weights) == 3 * len(layers[0].weights())
+    with TorchRunner([layers[i] for i in spec.layer_ids], spec, "cpu") as runner:
+        for feed, got in zip(feeds, results):
+            assert all(np.array_equal(feed[n], w) for n, w in weights.items())
+            want = runner.infer(feed)
+            for name in spec.output_names:
+                assert within(bound(spec, name), *errors(want[name], got[name])), name

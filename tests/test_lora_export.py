@@ -158,6 +158,8 @@ def test_plans_for_other_lora_slots_or_with_weights_inside_refused(tmp_path):
 
 @pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed: refits are exercised instead")
 def test_refit_without_tensorrt_says_how_to_install(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text('{"model": "m", "graphs": []}')  # an export: paths are checked first
+    (tmp_path / "engines").mkdir()
     rc = cli.main(["refit", "--engines", str(tmp_path / "engines"), "--onnx", str(tmp_path)])
     assert rc == 2 and "TensorRT >= 10.8" in capsys.readouterr().err
 
