@@ -1,0 +1,157 @@
+"""The runtime's own host cost per decode step, measured on the CPU (no GPU needed): what a step costs in Python
+besides the layers' device work.
+
+    python bench/host_cpu.py [--steps 200] [--out DIR]
+
+- `stub`: a 4-GDN-layer Qwen3-Next stack (tiny shapes) whose engines return their input at once, so the time of a
+  step is the runtime's bookkeeping alone (validation, selection, packing, the stack's loop, commit): the part of the
+  host enqueue that the CUDA-graph replay does not replace. Per N in {1, 8, 64, 256}, the dict API
+  (`Session.decode({seq: h})`) and, where the runtime has it, the batched API (`begin_step` + `run` + close).
+- `ple`: the PLE host part of a decode step at Qwen4-Exp shapes (16 n-gram heads x 160, bf16 table rows, the table
+  shrunk to ~85k rows): hashing, the row cache lookup and the staging of N = 1..256 sequences' rows, every step the
+  same ids (after the first step every row is a cache hit), as the session's PLE feeds do it.
+The median of `--steps` timed steps after 20 warm-up steps; `time.perf_counter_ns` around each call.
+Writes `<out>/<date>-host-cpu.json` and `.md` (no plot: two small tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gdn_trt.model.checkpoint import PleTable
+from gdn_trt.model.config import PRESETS
+from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.ngram import NgramTable
+from gdn_trt.model.state import StepOutput
+from gdn_trt.runtime.budget import RuntimeLimits
+from gdn_trt.runtime.engine import Engine
+from gdn_trt.runtime.ple.feeds import PleFeeds
+from gdn_trt.runtime.session import Session, SessionOptions
+
+NS = (1, 8, 64, 256)
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class StubEngine(Engine):
+    """An engine that does no work: the step's time is the runtime's own."""
+
+    def __init__(self, layer_idx: int):
+        self.layer_idx, self.device, self.name = layer_idx, torch.device("cpu"), "stub"
+
+    def modes(self) -> tuple[LayerMode, ...]:
+        return tuple(LayerMode)
+
+    def refuse(self, mode, seqs, tokens):
+        return None
+
+    def run(self, call, stream):
+        return StepOutput(call.step.x, call.step.residual)
+
+    def parts(self) -> tuple[str, ...]:
+        return ("layer", "mixer")
+
+
+def _median_us(fn, steps: int) -> float:
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - t)
+    return statistics.median(times) / 1e3
+
+
+def stub_rows(steps: int) -> list[dict]:
+    cfg = PRESETS["tiny-next"].replace(layer_types=("linear_attention",) * 4, name="tiny-next-4L")
+    limits = RuntimeLimits(max_seqs=max(NS), max_prefill_tokens=64, max_draft=2)
+    sess = Session.open(cfg, backend="torch", device="cpu", options=SessionOptions(limits=limits))
+    sess.selector.engines = [[StubEngine(i)] for i in cfg.gdn_layer_ids]
+    seqs = [sess.add_sequence() for _ in range(max(NS))]
+    rows = []
+    for n in NS:
+        h = torch.randn(n, cfg.stream_dim)
+        batch = {q: h[k:k + 1] for k, q in enumerate(seqs[:n])}
+        row = {"case": "stub 4-layer stack", "n": n, "dict_us": _median_us(lambda: sess.decode(batch), steps)}
+        if hasattr(sess, "begin_step"):
+            ids = np.asarray(seqs[:n], dtype=np.int64)
+
+            def batched():
+                with sess.begin_step(ids, "decode") as st:
+                    st.run(h)
+
+            row["batched_us"] = _median_us(batched, steps)
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def ple_rows(steps: int) -> list[dict]:
+    cfg = PRESETS["qwen4-exp"].replace(layer_types=("linear_attention",) * 4, ple_layer_ids=(2,),
+                                       ngram_vocab_size_base=5_000, name="qwen4-exp-4L-ple")
+    tmp = tempfile.TemporaryDirectory(prefix="host-cpu-ple-")
+    t = NgramTable.for_layer(cfg, 1)
+    path = Path(tmp.name) / "table.bin"
+    torch.randn(t.rows, t.dim).to(torch.bfloat16).view(torch.uint8).numpy().tofile(path)
+    limits = RuntimeLimits(max_seqs=max(NS), max_prefill_tokens=64, max_draft=1, ple_cache_rows=1 << 16)
+    feeds = PleFeeds(cfg, {1: PleTable(path, t.rows, t.dim, "bfloat16")}, limits, torch.device("cpu"))
+    gen = np.random.default_rng(0)
+    rows = []
+    for n in NS:
+        ids = gen.integers(0, cfg.vocab_size, n)
+        slots = np.arange(n)
+        stage = _stager(feeds, slots, ids)
+        rows.append({"case": "PLE host part (Qwen4-Exp, 1 PLE layer)", "n": n, "stage_us": _median_us(stage, steps)})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _stager(feeds, slots: np.ndarray, ids: np.ndarray):
+    """One decode step's PLE staging for `slots` with one id each, through whichever API the runtime has."""
+    if hasattr(feeds, "stage_step"):
+        cu = np.arange(slots.size + 1, dtype=np.int64)
+        return lambda: feeds.stage_step(slots, ids, cu, commit=True)
+    from gdn_trt.runtime.ple.feeds import StepRows
+
+    for s in slots.tolist():
+        if s not in feeds.stages[1]:
+            feeds.stages[1].add_carry(s)
+    seqs = [(s, ids[k:k + 1]) for k, s in enumerate(slots.tolist())]
+    return lambda: StepRows(feeds, seqs, commit=True, stream=None).hoist()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--name", default="host-cpu")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    meta = {"date": dt.date.today().isoformat(), "cpu": platform.processor() or platform.machine(),
+            "python": platform.python_version(), "torch": torch.__version__, "steps": args.steps,
+            "torch_threads": 1}
+    rows = stub_rows(args.steps) + ple_rows(args.steps)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{meta['date']}-{args.name}"
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    cols = ["case", "n", "dict_us", "batched_us", "stage_us"]
+    lines = [f"# {args.name} ({meta['date']})", "", *(f"- {k}: {v}" for k, v in meta.items()), "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols)
+              + " |" for r in rows]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("wrote", stem.with_suffix(".md"))
+
+
+if __name__ == "__main__":
+    main()
