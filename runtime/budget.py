@@ -56,8 +56,9 @@ class RuntimeLimits:
 
     @property
     def max_step_tokens(self) -> int:
-        """Tokens of the largest step of any kind (sizes PLE staging)."""
-        return max(self.max_prefill_tokens, self.max_verify_tokens, self.max_seqs)
+        """Token rows of the largest step: a mixed step holds a decode group (padded to at most max_seqs rows), a
+        verify and a prefill at once, each group at its own rows (sizes PLE staging and the step's index buffer)."""
+        return self.max_seqs + self.max_verify_tokens + self.max_prefill_tokens
 
     def buckets(self) -> tuple[int, ...]:
         if self.graph_buckets:
@@ -199,8 +200,9 @@ def budget(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, 
     if ple:
         row = cfg.ple_embed_dim * a
         staging = len(ple) * limits.max_step_tokens * row
+        # host: two pinned staging buffers per layer on CUDA (the host prepares a step while the last copy is queued)
         b.rows.append(BudgetRow(f"PLE staging ({len(ple)} layers x {limits.max_step_tokens} tokens)", staging,
-                                staging, ("max_prefill_tokens",)))
+                                2 * staging, ("max_prefill_tokens",)))
         b.rows.append(BudgetRow(f"PLE host row cache ({limits.ple_cache_rows} rows/layer)", 0,
                                 len(ple) * limits.ple_cache_rows * cfg.ple_head_dim * a, ("ple_cache_rows",)))
     return b

@@ -80,6 +80,15 @@ class Stack:
         self.cfg, self.pool, self.buffers = cfg, pool, buffers
         self.layer_ids = cfg.gdn_layer_ids
         self.lora: AdapterSlots | None = None  # set by the session when it has adapter slots
+        self._zeros: Tensor | None = None
+
+    def zeros(self, rows: int) -> Tensor:
+        """Zeros [rows, C] in the activation dtype (the residual before the first layer), from one buffer that
+        nothing writes: grown when a step needs more rows (at a step's first use, outside any capture)."""
+        if self._zeros is None or self._zeros.shape[0] < rows:
+            self._zeros = torch.zeros((max(rows, 64), self.cfg.hidden_size), dtype=self.pool.spec.act_dtype,
+                                      device=self.pool.device)
+        return self._zeros[:rows]
 
     def packed(self, x: Tensor, lengths: list[int], slots: list[int], adapters: list[int] | None = None) -> Packed:
         """`adapters`: the LoRA slot of each sequence (-1 = none; None = none for all), repeated over its tokens;
@@ -103,16 +112,21 @@ class Stack:
 
     def run(self, mode: LayerMode, engines: tuple[Engine, ...], inp: Packed, ctx: "StepContext") -> Packed:
         """Run `inp` through the layers of `engines` (a contiguous run of the stack) and return the result."""
-        x, residual = inp.x, inp.residual
         for eng in engines:
-            i = eng.layer_idx
-            rows = ctx.rows(i) if self.cfg.has_ple(i) else None
-            extra = self.extra(mode, i, x.shape[0], ctx.capture_at)
-            lora = None if inp.lora_idx is None else self.lora.layer_input(i, inp.lora_idx)
-            out = eng.run(LayerCall(mode, StepInput(x, inp.pack, residual, rows, lora), self.pool.layers[i], extra),
-                          ctx.stream)
-            x, residual = out.x, out.residual
-        return Packed(x, residual, inp.pack, inp.lora_idx)
+            out = self.call(mode, eng, inp, ctx)
+            inp = Packed(out.x, out.residual, inp.pack, inp.lora_idx)
+        return inp
+
+    def call(self, mode: LayerMode, eng: Engine, inp: Packed, ctx: "StepContext", part: str = "layer"
+             ) -> StepOutput:
+        """One engine's layer (or its mixer alone, `part="mixer"`: `inp.x` = the normed hidden [T, C]) on `inp`:
+        its pools, the stash or capture rows the mode writes, its PLE rows and LoRA slots."""
+        i = eng.layer_idx
+        rows = ctx.rows(i) if part == "layer" and self.cfg.has_ple(i) else None
+        extra = self.extra(mode, i, inp.x.shape[0], ctx.capture_at)
+        lora = None if inp.lora_idx is None else self.lora.layer_input(i, inp.lora_idx)
+        step = StepInput(inp.x, inp.pack, inp.residual, rows, lora)
+        return eng.run(LayerCall(mode, step, self.pool.layers[i], extra, part), ctx.stream)
 
     @staticmethod
     def hidden(p: Packed) -> Tensor:

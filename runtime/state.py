@@ -33,6 +33,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -133,7 +134,10 @@ class StatePool:
         self.layers: dict[int, LayerState] = {i: LayerState.allocate(cfg, i, slots, spec) for i in cfg.gdn_layer_ids}
         self.id_carries: dict[int, IdCarries] = {}
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
-        self._fence: dict[int, Fence] = {}
+        # the fence of the step that last wrote each slot, by serial (0 = none): a step marks all its slots at once
+        self._fence_of = np.zeros(slots, dtype=np.int64)
+        self._fences: dict[int, Fence] = {}
+        self._serial = 0
 
     # ---- slots ----
     def attach_id_carries(self, layer_idx: int, carries: IdCarries) -> None:
@@ -156,20 +160,25 @@ class StatePool:
                 t[slot].zero_()
         for carries in self.id_carries.values():
             carries.reset(slot)
-        self._fence.pop(slot, None)
+        self._fence_of[slot] = 0
         return slot
 
     def free(self, slot: int) -> None:
         if slot < 0 or slot >= self.slots or slot in self._free:
             raise ValueError(f"slot {slot} is not allocated")
-        self._fence.pop(slot, None)
+        self._fence_of[slot] = 0
         self._free.append(slot)
 
-    def mark_written(self, slots: list[int], fence: Fence) -> None:
-        """The step whose completion `fence` marks wrote these slots: snapshots of them wait for it."""
-        for s in slots:
-            if s >= 0:
-                self._fence[s] = fence
+    def mark_written(self, slots: np.ndarray | list[int], fence: Fence) -> None:
+        """The step whose completion `fence` marks wrote these slots (-1 entries ignored): snapshots of them wait
+        for it. Fences no slot names any more are dropped, so their number stays bounded by the slots."""
+        self._serial += 1
+        self._fences[self._serial] = fence
+        slots = np.asarray(slots, dtype=np.int64)
+        self._fence_of[slots[slots >= 0]] = self._serial
+        if len(self._fences) > 64:
+            keep = set(np.unique(self._fence_of).tolist())
+            self._fences = {k: f for k, f in self._fences.items() if k in keep}
 
     # ---- layout ----
     def layout(self) -> tuple[TensorEntry, ...]:
@@ -187,7 +196,7 @@ class StatePool:
     def read_slot(self, slot: int, position: int) -> SlotState:
         """A host copy of `slot`'s whole state, after its last writing step completed."""
         self._check_live(slot)
-        fence = self._fence.get(slot)
+        fence = self._fences.get(int(self._fence_of[slot]))
         if fence is not None:
             fence.wait()
         carries = {i: c.read(slot) for i, c in self.id_carries.items()}

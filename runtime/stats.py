@@ -29,7 +29,7 @@ class KindStats:
     def add(self, g: Group) -> None:
         self.steps += 1
         self.tokens += g.tokens
-        self.sequences += len(g.work)
+        self.sequences += g.seqs
         self.modes[g.mode.value] += 1
         self.engines["/".join(sorted({e.name for e in g.engines}))] += 1
         self.paths[g.path] += 1
