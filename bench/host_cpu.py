@@ -61,15 +61,18 @@ class StubEngine(Engine):
         return ("layer", "mixer")
 
 
-def _median_us(fn, steps: int) -> float:
+def _median_us(fn, steps: int) -> tuple[float, float]:
+    """(wall, CPU time of this thread) per call in us, medians. The CPU time leaves out the time the thread waited
+    for a core: on a shared machine it is the steadier figure of the two."""
     for _ in range(20):
         fn()
-    times = []
+    wall, cpu = [], []
     for _ in range(steps):
-        t = time.perf_counter_ns()
+        t, c = time.perf_counter_ns(), time.thread_time_ns()
         fn()
-        times.append(time.perf_counter_ns() - t)
-    return statistics.median(times) / 1e3
+        cpu.append(time.thread_time_ns() - c)
+        wall.append(time.perf_counter_ns() - t)
+    return statistics.median(wall) / 1e3, statistics.median(cpu) / 1e3
 
 
 def stub_rows(steps: int) -> list[dict]:
@@ -82,7 +85,8 @@ def stub_rows(steps: int) -> list[dict]:
     for n in NS:
         h = torch.randn(n, cfg.stream_dim)
         batch = {q: h[k:k + 1] for k, q in enumerate(seqs[:n])}
-        row = {"case": "stub 4-layer stack", "n": n, "dict_us": _median_us(lambda: sess.decode(batch), steps)}
+        row = {"case": "stub 4-layer stack", "n": n}
+        row["dict_us"], row["dict_cpu_us"] = _median_us(lambda: sess.decode(batch), steps)
         if hasattr(sess, "begin_step"):
             ids = np.asarray(seqs[:n], dtype=np.int64)
 
@@ -90,7 +94,7 @@ def stub_rows(steps: int) -> list[dict]:
                 with sess.begin_step(ids, "decode") as st:
                     st.run(h)
 
-            row["batched_us"] = _median_us(batched, steps)
+            row["batched_us"], row["batched_cpu_us"] = _median_us(batched, steps)
         rows.append(row)
         print(row, flush=True)
     return rows
@@ -111,16 +115,22 @@ def ple_rows(steps: int) -> list[dict]:
         ids = gen.integers(0, cfg.vocab_size, n)
         slots = np.arange(n)
         stage = _stager(feeds, slots, ids)
-        rows.append({"case": "PLE host part (Qwen4-Exp, 1 PLE layer)", "n": n, "stage_us": _median_us(stage, steps)})
+        wall, cpu = _median_us(stage, steps)
+        rows.append({"case": "PLE host part (Qwen4-Exp, 1 PLE layer)", "n": n, "stage_us": wall, "stage_cpu_us": cpu})
         print(rows[-1], flush=True)
     return rows
 
 
 def _stager(feeds, slots: np.ndarray, ids: np.ndarray):
     """One decode step's PLE staging for `slots` with one id each, through whichever API the runtime has."""
-    if hasattr(feeds, "stage_step"):
+    if hasattr(feeds, "carry"):  # carries in arrays: the session stages at the step's open and commits at its close
         cu = np.arange(slots.size + 1, dtype=np.int64)
-        return lambda: feeds.stage_step(slots, ids, cu, commit=True)
+
+        def stage():
+            _, new = feeds.stage(slots, ids, cu, 0, 0, None)
+            feeds.commit(slots, new)
+
+        return stage
     from gdn_trt.runtime.ple.feeds import StepRows
 
     for s in slots.tolist():
@@ -144,7 +154,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"{meta['date']}-{args.name}"
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    cols = ["case", "n", "dict_us", "batched_us", "stage_us"]
+    cols = ["case", "n", "dict_us", "dict_cpu_us", "batched_us", "batched_cpu_us", "stage_us", "stage_cpu_us"]
     lines = [f"# {args.name} ({meta['date']})", "", *(f"- {k}: {v}" for k, v in meta.items()), "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols)

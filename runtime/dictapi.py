@@ -22,7 +22,6 @@ from .ple.hashing import as_ids
 from .request import KIND_CODE
 from .select import KIND_ORDER
 from .seqs import Prompt, SequenceError, StepResult
-from .state import Fence
 from .steps import Step
 
 
@@ -33,41 +32,68 @@ def dict_step(parts: StepParts, begin: Callable[..., Step], decode: object, veri
         if d is not None and not isinstance(d, dict):
             raise TypeError(f"{name} takes a dict {{seq: input}}, got {type(d).__name__}")
     token_ids = token_ids or {}
+    every = [q for d in (decode, verify, prefill) if d for q in d]
+    if len(set(every)) != len(every):
+        seen: set = set()
+        dup = next(q for q in every if q in seen or seen.add(q))
+        raise ValueError(f"sequence {dup} appears in more than one kind of the same step")
     seqs, kinds, hs, ids, caps = [], [], [], [], []
-    seen: set = set()
     for kind, part in zip(KIND_ORDER, (decode or {}, verify or {}, prefill or {})):
-        for seq, val in part.items():
-            if seq in seen:
-                raise ValueError(f"sequence {seq} appears in more than one kind of the same step")
-            seen.add(seq)
-            parts.seqs.slot(seq)  # unknown or released: named before its input is looked at
-            if kind is StepKind.PREFILL and not isinstance(val, Prompt):
-                raise TypeError(f"prefill of sequence {seq} takes a Prompt, got {type(val).__name__}")
-            prompt = val if isinstance(val, Prompt) else Prompt(val)
-            if prompt.token_ids is not None and seq in token_ids:
-                raise ValueError(f"sequence {seq}: token ids given twice (Prompt and token_ids)")
-            h = _hidden(parts, prompt.hidden, kind, seq)
-            tid = _token_ids(parts, prompt.token_ids if prompt.token_ids is not None else token_ids.get(seq),
-                             h.shape[0], seq)
-            seqs.append(seq)
-            kinds.append(KIND_CODE[kind])
-            hs.append(h)
-            ids.append(tid)
-            caps.append(_capture(prompt.capture_at, h.shape[0], seq))
-    extra = set(token_ids) - seen
+        if not part:
+            continue
+        if kind is StepKind.PREFILL:
+            _prompts(parts, part, token_ids, seqs, hs, ids, caps)
+        else:
+            _tensors(parts, kind, part, token_ids, seqs, hs, ids)
+            caps += [-1] * len(part)
+        kinds += [KIND_CODE[kind]] * len(part)
+    extra = set(token_ids) - set(seqs)
     if extra:
         raise ValueError(f"token ids given for sequences that are not in the step: {sorted(extra)}")
     if not seqs:
         return StepResult({}, {})
     lengths = [h.shape[0] for h in hs]
-    kind_names = np.array([KIND_ORDER[k].value for k in kinds])
+    kind_names = KIND_ORDER[kinds[0]].value if len(set(kinds)) == 1 else np.array([KIND_ORDER[k].value
+                                                                                    for k in kinds])
     packed = None if parts.feeds is None else np.concatenate(ids)
     cap = np.array(caps, dtype=np.int64) if any(c >= 0 for c in caps) else None
     x = torch.cat(hs) if len(hs) > 1 else hs[0]
-    with begin(np.array(seqs, dtype=np.int64), kind_names, np.array(lengths, dtype=np.int64), packed,
-                         cap) as st:
+    with begin(np.array(seqs, dtype=np.int64), kind_names, np.array(lengths, dtype=np.int64), packed, cap) as st:
         out = st.run(x)
     return StepResult(dict(zip(seqs, torch.split(out, lengths))), st.captures)
+
+
+def _tensors(parts: StepParts, kind: StepKind, part: dict, token_ids: dict, seqs: list, hs: list, ids: list
+             ) -> None:
+    """Decode or verify inputs: one pass of cheap checks over all of them; the first one that fails is checked in
+    full, which names the sequence and the problem."""
+    keys, vals = list(part), list(part.values())
+    width, dt, dev, top = parts.cfg.stream_dim, parts.dtype, parts.device, parts.limits.max_draft
+    one = kind is StepKind.DECODE
+    for q, h in zip(keys, vals):
+        if type(h) is not Tensor or h.dtype != dt or h.dim() != 2 or h.shape[1] != width or \
+                (h.shape[0] != 1 if one else h.shape[0] > top) or h.is_meta or h.device != dev:
+            parts.seqs.slot(q)  # an unknown sequence is named before its input
+            vals[keys.index(q)] = _hidden(parts, h, kind, q)
+    seqs += keys
+    hs += vals
+    if parts.feeds is not None or token_ids:
+        ids += [_token_ids(parts, token_ids.get(q), h.shape[0], q) for q, h in zip(keys, vals)]
+
+
+def _prompts(parts: StepParts, part: dict, token_ids: dict, seqs: list, hs: list, ids: list, caps: list) -> None:
+    for seq, val in part.items():
+        parts.seqs.slot(seq)  # unknown or released: named before its input is looked at
+        if not isinstance(val, Prompt):
+            raise TypeError(f"prefill of sequence {seq} takes a Prompt, got {type(val).__name__}")
+        if val.token_ids is not None and seq in token_ids:
+            raise ValueError(f"sequence {seq}: token ids given twice (Prompt and token_ids)")
+        h = _hidden(parts, val.hidden, StepKind.PREFILL, seq)
+        ids.append(_token_ids(parts, val.token_ids if val.token_ids is not None else token_ids.get(seq),
+                              h.shape[0], seq))
+        seqs.append(seq)
+        hs.append(h)
+        caps.append(_capture(val.capture_at, h.shape[0], seq))
 
 
 def accept(parts: StepParts, seqs: np.ndarray, counts: object, stream) -> None:
@@ -93,7 +119,7 @@ def accept(parts: StepParts, seqs: np.ndarray, counts: object, stream) -> None:
                          f"{int(counts[k])}")
     take = counts > 0
     parts.stack.buffers.fold(parts.pool, (table.pend_row[slots] + counts - 1)[take].tolist(), slots[take].tolist())
-    fence = Fence(parts.device).record(stream)
+    fence = parts.pool.fence(stream)
     if parts.feeds is not None and take.any():
         width = table.pend_ids.shape[1]
         ids = table.pend_ids[slots][np.arange(width)[None, :] < counts[:, None]]
@@ -102,6 +128,7 @@ def accept(parts: StepParts, seqs: np.ndarray, counts: object, stream) -> None:
         parts.feeds.commit(slots, parts.feeds.carries_after(slots, ids, cu))
     table.position[slots] += counts
     table.pend_epoch[slots] = -1
+    table.block(slots)
     parts.stats.accepted += int(counts.sum())
     parts.pool.mark_written(slots[take], fence)
 

@@ -43,6 +43,13 @@ class PackBuffers:
         self._used = [False] * len(self._host)
         self._k = 0
         self.copies = 0
+        self.memo: dict[tuple, tuple] = {}  # a step layout -> its views (steps.py): bounded by the layouts seen
+
+    def remember(self, key: tuple, views: tuple) -> tuple:
+        if len(self.memo) > 4096:  # prefill layouts vary without bound
+            self.memo.clear()
+        self.memo[key] = views
+        return views
 
     def view(self, region: str, at: int, n: int) -> Tensor:
         """Device view of `n` entries of `region` from entry `at`."""

@@ -23,6 +23,7 @@ from .seqs import SequenceError, as_seq_ids
 
 KIND_CODE = {k: c for c, k in enumerate(KIND_ORDER)}  # decode 0, verify 1, prefill 2
 _NAMES = np.array([k.value for k in KIND_ORDER])
+_KINDS = {**{k: k for k in KIND_ORDER}, **{k.value: k for k in KIND_ORDER}}
 
 
 @dataclass(frozen=True)
@@ -101,42 +102,53 @@ def _ints(x: object, n: int, what: str) -> np.ndarray:
 def check(parts: StepParts, seqs: object, kind: object, lengths: object, token_ids: object,
           capture_at: object) -> StepSpec:
     """See the module docstring."""
-    cfg, lim, table = parts.cfg, parts.limits, parts.seqs
+    lim, table = parts.limits, parts.seqs
     seqs = as_seq_ids(seqs)
     N = seqs.size
     if N == 0:
         raise ValueError("a step needs at least one sequence")
-    codes = kind_codes(kind, N)
-    if N > 1 and (np.diff(codes) < 0).any():
+    one = _KINDS.get(kind) if isinstance(kind, str) else None  # one kind for the whole step: the common case
+    codes = None if one is not None else kind_codes(kind, N)
+    if codes is not None and N > 1 and (np.diff(codes) < 0).any():
         raise ValueError("a mixed step lists its sequences grouped by kind: decode, then verify, then prefill")
     slots = table.slots(seqs)
-    bad = table.pend_epoch[slots] >= 0
-    if bad.any():
-        q = int(seqs[np.flatnonzero(bad)[0]])
-        raise SequenceError(f"sequence {q} has an unaccepted verify: call accept first (accept({{{q}: 0}}) rejects "
-                            "every draft)")
-    bad = table.failed[slots]
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        raise SequenceError(f"sequence {int(seqs[k])} failed in an earlier step ({table.fail_reason[int(slots[k])]})"
-                            ": only release, snapshot and restore are open to it")
-    L = _lengths(lengths, codes, seqs, lim)
+    blocked = table.blocked[slots]
+    if blocked.any():
+        _blocked(table, seqs, slots, blocked)
+    if codes is None and one is StepKind.DECODE and lengths is None:
+        L = table.ones(N)
+    else:
+        L = _lengths(lengths, np.full(N, KIND_CODE[one]) if codes is None else codes, seqs, lim)
     cu = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(L, out=cu[1:])
     T = int(cu[-1])
     ids = _token_ids(parts, token_ids, T)
-    cap = _capture(capture_at, codes, L, seqs)
+    cap = _capture(capture_at, np.full(N, KIND_CODE[one]) if codes is None else codes, L, seqs)
     adapters = table.adapter[slots]
     if parts.adapters is not None and (adapters >= 0).any():
         parts.adapters.check_step(table.adapter_names_of(adapters))
-    bounds = np.searchsorted(codes, np.arange(len(KIND_ORDER) + 1))
-    out = []
-    for c, kind_ in enumerate(KIND_ORDER):
-        s0, s1 = int(bounds[c]), int(bounds[c + 1])
-        if s1 > s0:
-            t0, t1 = int(cu[s0]), int(cu[s1])
-            out.append(Part(kind_, s0, s1, t0, t1, parts.selector.group(kind_, s1 - s0, t1 - t0)))
-    return StepSpec(seqs, slots, L, cu, ids, cap, adapters, tuple(out))
+    if codes is None:
+        out = (Part(one, 0, N, 0, T, parts.selector.group(one, N, T)),)
+    else:
+        bounds = np.searchsorted(codes, np.arange(len(KIND_ORDER) + 1)).tolist()
+        out = []
+        for c, kind_ in enumerate(KIND_ORDER):
+            s0, s1 = bounds[c], bounds[c + 1]
+            if s1 > s0:
+                t0, t1 = int(cu[s0]), int(cu[s1])
+                out.append(Part(kind_, s0, s1, t0, t1, parts.selector.group(kind_, s1 - s0, t1 - t0)))
+        out = tuple(out)
+    return StepSpec(seqs, slots, L, cu, ids, cap, adapters, out)
+
+
+def _blocked(table, seqs: np.ndarray, slots: np.ndarray, blocked: np.ndarray) -> None:
+    k = int(np.flatnonzero(blocked)[0])
+    q, slot = int(seqs[k]), int(slots[k])
+    if table.failed[slot]:
+        raise SequenceError(f"sequence {q} failed in an earlier step ({table.fail_reason[slot]}): only release, "
+                            "snapshot and restore are open to it")
+    raise SequenceError(f"sequence {q} has an unaccepted verify: call accept first (accept({{{q}: 0}}) rejects "
+                        "every draft)")
 
 
 def _lengths(lengths: object, codes: np.ndarray, seqs: np.ndarray, lim) -> np.ndarray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 
 from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.modes import LayerMode, StepKind, candidates
@@ -50,14 +51,18 @@ class Group:
     vetoes: tuple[str | None, ...]
     work: tuple[Work, ...] = ()
 
-    @property
+    @cached_property  # a group is memoized by the selector: its derived names are computed once
     def path(self) -> str:
         """'graph' (every layer replays), 'eager', or 'graph+eager' (vetoed layers run eagerly in between)."""
         if self.bucket is None or all(v is not None for v in self.vetoes):
             return "eager"
         return "graph" if all(v is None for v in self.vetoes) else "graph+eager"
 
-    @property
+    @cached_property
+    def engine_names(self) -> str:
+        return "/".join(sorted({e.name for e in self.engines}))
+
+    @cached_property
     def veto(self) -> str | None:
         """The first veto reason of the step (stats and logs)."""
         return next((f"layer {e.layer_idx}: {v}" for e, v in zip(self.engines, self.vetoes) if v is not None), None)

@@ -105,6 +105,14 @@ class SeqTable:
         self.pend_ids = np.zeros((S, max_draft), dtype=np.int64) if ple else None
         self.failed = np.zeros(S, dtype=bool)
         self.fail_reason: dict[int, str] = {}  # slot -> why (only failed slots)
+        # derived, for the checks of a step (one gather each): the live id of each slot (-1 = free), and whether the
+        # slot's sequence may not step (a pending verify or a failure)
+        self.live_id = np.full(S, -1, dtype=np.int64)
+        self.blocked = np.zeros(S, dtype=bool)
+        self._mark = np.zeros(S, dtype=np.int64)
+        self._at = np.arange(1, S + 1, dtype=np.int64)
+        self._ones = np.ones(S, dtype=np.int64)
+        self._ones.flags.writeable = False
         self.epoch = 0
         self.adapter_names: list[str | None] = []  # code -> registered adapter name (None = a freed code)
         self._codes: dict[str, int] = {}
@@ -117,15 +125,19 @@ class SeqTable:
         self.adapter[slot] = -1 if adapter is None else self.code(adapter)
         self.pend_epoch[slot] = -1
         self.failed[slot] = False
+        self.blocked[slot] = False
         self.fail_reason.pop(slot, None)
-        return int((self.gen[slot] - 1) * self.S + slot)
+        self.live_id[slot] = (self.gen[slot] - 1) * self.S + slot
+        return int(self.live_id[slot])
 
     def remove(self, seq: int) -> int:
         """Release `seq`; returns its slot."""
         slot = self.slot(seq)
         self.live[slot] = False
+        self.live_id[slot] = -1
         self.pend_epoch[slot] = -1
         self.failed[slot] = False
+        self.blocked[slot] = False
         self.fail_reason.pop(slot, None)
         return slot
 
@@ -141,17 +153,28 @@ class SeqTable:
         """Slots of the ids `seqs [N] int64`, all live and distinct (vectorized); else `SequenceError` or
         `ValueError` naming the first bad sequence."""
         slot = seqs % self.S
-        ok = (seqs >= 0) & self.live[slot] & (self.gen[slot] == seqs // self.S + 1)
+        ok = self.live_id[slot] == seqs  # a negative id never matches: live ids are >= 0
         if not ok.all():
             bad = int(seqs[np.flatnonzero(~ok)[0]])
             raise SequenceError(f"sequence {bad} {self._why(bad)}")
-        if seqs.size > 1:
-            mark = np.zeros(self.S, dtype=np.int64)
-            mark[slot] = np.arange(1, seqs.size + 1)
-            dup = mark[slot] != np.arange(1, seqs.size + 1)
+        n = seqs.size
+        if n > 1:
+            if n > self.S:
+                raise ValueError(f"a step of {n} sequences names some twice: the session holds {self.S}")
+            at = self._at[:n]
+            self._mark[slot] = at
+            dup = self._mark[slot] != at
             if dup.any():
                 raise ValueError(f"sequence {int(seqs[np.flatnonzero(dup)[0]])} appears twice in one step")
         return slot
+
+    def ones(self, n: int) -> np.ndarray:
+        """Token counts of n decode sequences (a shared read-only array: no allocation per step)."""
+        return self._ones[:n]
+
+    def block(self, slots: np.ndarray) -> None:
+        """Recompute `blocked` for `slots` after their pending verify or failure changed."""
+        self.blocked[slots] = (self.pend_epoch[slots] >= 0) | self.failed[slots]
 
     def _why(self, seq: object) -> str:
         if not isinstance(seq, (int, np.integer)) or isinstance(seq, bool) or seq < 0:

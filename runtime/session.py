@@ -55,7 +55,7 @@ from .dictapi import accept, dict_step
 from .pack import PackBuffers
 from .seqs import Prompt, SeqTable, StepResult, as_seq_ids
 from .stack import Stack, StepBuffers
-from .state import Fence, SlotState, SnapshotError, StatePool
+from .state import SlotState, SnapshotError, StatePool
 from .stats import SessionStats
 from .parts import StepParts
 from .steps import Step, StepError, open_step
@@ -343,7 +343,7 @@ class Session:
         seq = self.add_sequence(adapter)
         slot = self._seqs.slot(seq)
         self.pool.write_slot(slot, state)
-        self.pool.mark_written([slot], Fence(self.device).record(self._stream()))
+        self.pool.mark_written([slot], self.pool.fence(self._stream()))
         self._seqs.position[slot] = state.position
         self._stats.restores += 1
         self._stats.restored_tokens += state.position

@@ -52,6 +52,7 @@ _ENTRY_KEYS = frozenset({"name", "dtype", "shape", "offset"})
 LAYOUT = ("ssm [HV, K, V] key-dim rows; conv [conv_dim, W-1] pre-conv inputs oldest first; "
           "ple_conv [n*C, (k-1)*dilation] oldest first; ple_ids [ngram_size-1] int64 oldest first")
 _PREFIX = struct.Struct("<7sBI")
+FENCES = 8  # the ring of completion fences of a pool
 _CRC = struct.Struct("<I")
 
 
@@ -134,10 +135,12 @@ class StatePool:
         self.layers: dict[int, LayerState] = {i: LayerState.allocate(cfg, i, slots, spec) for i in cfg.gdn_layer_ids}
         self.id_carries: dict[int, IdCarries] = {}
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
-        # the fence of the step that last wrote each slot, by serial (0 = none): a step marks all its slots at once
-        self._fence_of = np.zeros(slots, dtype=np.int64)
-        self._fences: dict[int, Fence] = {}
-        self._serial = 0
+        # the fence of the step that last wrote each slot, as an index into a ring of fences (-1 = none). A fence is
+        # re-recorded when the ring comes round: a snapshot may then wait for a later step than the one that wrote
+        # its slot, never for an earlier one (the steps complete in stream order), and no event is made per step.
+        self._fence_of = np.full(slots, -1, dtype=np.int64)
+        self._ring = [Fence(self.device) for _ in range(FENCES)]
+        self._k = 0
 
     # ---- slots ----
     def attach_id_carries(self, layer_idx: int, carries: IdCarries) -> None:
@@ -160,25 +163,24 @@ class StatePool:
                 t[slot].zero_()
         for carries in self.id_carries.values():
             carries.reset(slot)
-        self._fence_of[slot] = 0
+        self._fence_of[slot] = -1
         return slot
 
     def free(self, slot: int) -> None:
         if slot < 0 or slot >= self.slots or slot in self._free:
             raise ValueError(f"slot {slot} is not allocated")
-        self._fence_of[slot] = 0
+        self._fence_of[slot] = -1
         self._free.append(slot)
 
+    def fence(self, stream: torch.cuda.Stream | None) -> Fence:
+        """A fence recorded now on `stream` (the next of the ring): pass it to `mark_written`."""
+        self._k = (self._k + 1) % FENCES
+        return self._ring[self._k].record(stream)
+
     def mark_written(self, slots: np.ndarray | list[int], fence: Fence) -> None:
-        """The step whose completion `fence` marks wrote these slots (-1 entries ignored): snapshots of them wait
-        for it. Fences no slot names any more are dropped, so their number stays bounded by the slots."""
-        self._serial += 1
-        self._fences[self._serial] = fence
-        slots = np.asarray(slots, dtype=np.int64)
-        self._fence_of[slots[slots >= 0]] = self._serial
-        if len(self._fences) > 64:
-            keep = set(np.unique(self._fence_of).tolist())
-            self._fences = {k: f for k, f in self._fences.items() if k in keep}
+        """The step whose completion `fence` (from `fence()`) marks wrote these slots: snapshots of them wait for
+        it."""
+        self._fence_of[slots] = self._ring.index(fence)
 
     # ---- layout ----
     def layout(self) -> tuple[TensorEntry, ...]:
@@ -196,7 +198,8 @@ class StatePool:
     def read_slot(self, slot: int, position: int) -> SlotState:
         """A host copy of `slot`'s whole state, after its last writing step completed."""
         self._check_live(slot)
-        fence = self._fences.get(int(self._fence_of[slot]))
+        k = int(self._fence_of[slot])
+        fence = self._ring[k] if k >= 0 else None
         if fence is not None:
             fence.wait()
         carries = {i: c.read(slot) for i, c in self.id_carries.items()}

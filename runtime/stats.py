@@ -31,7 +31,7 @@ class KindStats:
         self.tokens += g.tokens
         self.sequences += g.seqs
         self.modes[g.mode.value] += 1
-        self.engines["/".join(sorted({e.name for e in g.engines}))] += 1
+        self.engines[g.engine_names] += 1
         self.paths[g.path] += 1
         if g.veto:
             self.vetoes[g.veto] += 1

@@ -32,6 +32,7 @@ from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.modes import StepKind
 from gdn_trt.plugins.packing import Packing
 
+from .pack import PackBuffers
 from .parts import StepParts
 from .request import Part, StepSpec
 from .seqs import StepResult
@@ -128,21 +129,32 @@ def _lora_per_token(parts: StepParts, spec: StepSpec, stream) -> np.ndarray:
 def _bind(parts: StepParts, spec: StepSpec, lora: bool, p: Part, pad: int, seq_at: int, tok_at: int, cu_at: int,
           cap_at: int, stream) -> _Bound:
     pk, n, T = parts.pack, p.n, p.tokens
-    slots = pk.view("slots", seq_at, n + pad)
-    if p.kind is StepKind.DECODE:
-        pack_pad = Packing(pk.cu_decode[:n + pad + 1], slots)
-        pack = Packing(pk.cu_decode[:n + 1], slots[:n])
-    else:
-        pack = pack_pad = Packing(pk.view("cu", cu_at, n + 1), slots)
-    lora_pad = pk.view("lora", tok_at, T + pad) if lora else None
-    cap = pk.view("cap", cap_at, n) if p.kind is StepKind.PREFILL else None
+    key = (p.kind, n, T, pad, seq_at, tok_at, cu_at, cap_at, lora)
+    views = pk.memo.get(key)
+    if views is None:
+        views = pk.remember(key, _views(pk, p.kind, n, T, pad, seq_at, tok_at, cu_at, cap_at, lora))
+    pack, pack_pad, lora_n, lora_pad, cap = views
     ple, new = {}, {}
     if parts.feeds is not None:
         local_cu = spec.cu[p.s0:p.s1 + 1] - spec.cu[p.s0]
         ple, new = parts.feeds.stage(spec.slots[p.s0:p.s1], spec.ids[p.t0:p.t1], local_cu, tok_at, pad, stream)
         if p.kind is StepKind.VERIFY:
             new = {}
-    return _Bound(p, T + pad, pack, pack_pad, None if lora_pad is None else lora_pad[:T], lora_pad, ple, cap, new)
+    return _Bound(p, T + pad, pack, pack_pad, lora_n, lora_pad, ple, cap, new)
+
+
+def _views(pk: PackBuffers, kind: StepKind, n: int, T: int, pad: int, seq_at: int, tok_at: int, cu_at: int,
+           cap_at: int, lora: bool) -> tuple:
+    """A group's device views of the index buffer (the same for every step of the same layout: memoized)."""
+    slots = pk.view("slots", seq_at, n + pad)
+    if kind is StepKind.DECODE:
+        pack_pad = Packing(pk.cu_decode[:n + pad + 1], slots)
+        pack = Packing(pk.cu_decode[:n + 1], slots[:n])
+    else:
+        pack = pack_pad = Packing(pk.view("cu", cu_at, n + 1), slots)
+    lora_pad = pk.view("lora", tok_at, T + pad) if lora else None
+    cap = pk.view("cap", cap_at, n) if kind is StepKind.PREFILL else None
+    return pack, pack_pad, None if lora_pad is None else lora_pad[:T], lora_pad, cap
 
 
 class Step:
@@ -156,8 +168,7 @@ class Step:
     def __init__(self, parts: StepParts, spec: StepSpec, binds: list[_Bound]):
         self._p, self._spec, self._binds = parts, spec, binds
         self.seqs, self.lengths, self.tokens = spec.seqs, spec.lengths, spec.tokens
-        one = binds[0] if len(binds) == 1 else None
-        self.bucket = one.rows if one is not None and one.rows != one.part.tokens else None
+        self.bucket = binds[0].part.group.bucket if len(binds) == 1 else None
         self._layers = parts.cfg.gdn_layer_ids
         dev = parts.device
         self._dev = torch.device(dev.type, torch.cuda.current_device()) if dev.type == "cuda" and dev.index is None \
@@ -233,6 +244,7 @@ class Step:
         if self._ran:
             table = self._p.seqs
             table.failed[self._spec.slots] = True
+            table.block(self._spec.slots)
             for s in self._spec.slots.tolist():
                 table.fail_reason[s] = f"a step was abandoned after its layers had started: {reason}"
 
@@ -334,7 +346,7 @@ class Step:
 
     def _commit(self) -> None:
         p, spec = self._p, self._spec
-        fence = Fence(p.device).record(p.stream())
+        fence = p.pool.fence(p.stream())
         table = p.seqs
         written = []
         for b in self._binds:
@@ -357,6 +369,7 @@ class Step:
         table, spec = self._p.seqs, self._spec
         table.epoch += 1
         table.pend_epoch[slots] = table.epoch
+        table.blocked[slots] = True
         table.pend_row[slots] = spec.cu[part.s0:part.s1] - spec.cu[part.s0]
         table.pend_count[slots] = L
         if table.pend_ids is not None and part.tokens:
