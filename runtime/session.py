@@ -180,7 +180,10 @@ class Session:
         return sess
 
     def __init__(self, parts: _Parts, options: SessionOptions):
-        self.cfg, self.device, self.dtype, self.options = parts.cfg, parts.device, parts.dtype, options
+        dev = parts.device  # "cuda" names the current device: compare tensors' devices with its index
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.cfg, self.device, self.dtype, self.options = parts.cfg, dev, parts.dtype, options
         self.limits = options.limits
         spec = BufferSpec(self.dtype, self.device)
         self.pool = StatePool(self.cfg, self.limits.max_seqs, spec, parts.weights)

@@ -170,9 +170,6 @@ class Step:
         self.seqs, self.lengths, self.tokens = spec.seqs, spec.lengths, spec.tokens
         self.bucket = binds[0].part.group.bucket if len(binds) == 1 else None
         self._layers = parts.cfg.gdn_layer_ids
-        dev = parts.device
-        self._dev = torch.device(dev.type, torch.cuda.current_device()) if dev.type == "cuda" and dev.index is None \
-            else dev
         self._next = 0  # position in _layers of the next layer to call
         self._ran = False  # some layer ran: the pools may have been written
         self._captured = False  # layer calls recorded by a CUDA-graph capture
@@ -286,8 +283,9 @@ class Step:
         if x.dim() != 2 or x.shape[1] != width or x.shape[0] not in rows:
             raise ValueError(f"a layer input of this step must be [{' or '.join(map(str, rows))}, {width}], got "
                              f"{tuple(x.shape)}")
-        if x.dtype != self._p.dtype or x.device != self._dev:
-            raise ValueError(f"a layer input must be {self._p.dtype} on {self._dev}, got {x.dtype} on {x.device}")
+        if x.dtype != self._p.dtype or x.device != self._p.device:
+            raise ValueError(f"a layer input must be {self._p.dtype} on {self._p.device}, got {x.dtype} on "
+                             f"{x.device}")
 
     def _call(self, layer_idx: int, x: Tensor, residual: Tensor | None, part: str):
         k = self._turn(layer_idx)

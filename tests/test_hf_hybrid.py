@@ -149,9 +149,18 @@ def test_whole_decode_step_in_one_cuda_graph(tmp_path):
             sd.fill([host.tracks[q].pending for q in seqs], [host.sess.position(q) for q in seqs])
             with host.sess.begin_step(np.array(seqs), "decode") as host.step:
                 assert host.step.bucket == 4
-                if k == 1 or t == 0:  # the eager twin; step 0 of the graph host warms every kernel up
+                if k == 1:  # the eager twin
                     sd.run()
-                elif t == 1:
+                elif t == 0:  # a real step on a side stream warms up every kernel and library before the capture
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        sd.run()
+                    torch.cuda.current_stream().wait_stream(side)
+                elif t == 1:  # the layer calls are recorded, not run: the replay runs this step
+                    with torch.cuda.graph(graph):
+                        sd.run()
+                    graph.replay()
                     with torch.cuda.graph(graph):
                         sd.run()
                     graph.replay()
@@ -165,5 +174,5 @@ def test_whole_decode_step_in_one_cuda_graph(tmp_path):
         assert torch.equal(logits[0], logits[1]), f"step {t}: replay != eager"
     states = [[t.clone() for st in h.sess.pool.layers.values() for t in st.tensors()] for h in hosts]
     assert all(torch.equal(a, b) for a, b in zip(*states))
-    assert [h.tracks[q].tokens for h in hosts for q in h.tracks][:3] == \
-        [hosts[1].tracks[q].tokens for q in hosts[1].tracks]
+    assert [hosts[0].tracks[q].tokens for q in hosts[0].tracks] == [hosts[1].tracks[q].tokens
+                                                                    for q in hosts[1].tracks]

@@ -22,6 +22,7 @@ from gdn_trt.model.peft import SyntheticAdapter, load_adapter, make_synthetic_ad
 from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.select import GraphPolicy
 from gdn_trt.runtime.seqs import Prompt, SequenceError
+from gdn_trt.runtime.session import Session, SessionOptions
 from gdn_trt.runtime.steps import StepError
 
 from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session
@@ -71,7 +72,7 @@ class Batched:
         lengths = np.array([h.shape[0] for h in hs])
         tid = None if self.s.feeds is None else np.concatenate([np.asarray(i) for i in ids])
         cap = np.array(caps) if any(c >= 0 for c in caps) else None
-        x = torch.cat(hs)
+        x = torch.cat(hs).to(self.s.device)
         with self.s.begin_step(np.array(seqs), kinds if len(set(kinds)) > 1 else kinds[0], lengths, tid, cap) as st:
             out = self._layers(st, x)
         return dict(zip(seqs, torch.split(out, lengths.tolist()))), st.captures
@@ -80,7 +81,7 @@ class Batched:
         if st.bucket is not None and st.bucket > x.shape[0] and self.how != "run":
             # the host pads to the bucket (run takes the step's rows only); its NaN padding never leaks
             self.padded += 1
-            xp = torch.full((st.bucket, x.shape[1]), self.fill, dtype=x.dtype)
+            xp = torch.full((st.bucket, x.shape[1]), self.fill, dtype=x.dtype, device=x.device)
             xp[:x.shape[0]] = x
             return self._chain(st, xp)[:x.shape[0]]
         return self._chain(st, x)
@@ -107,6 +108,7 @@ class Batched:
 def _scenario(step, accept, add, release, sess, tmp_adapters: bool):
     """The same calls on either API; returns every output and capture in order."""
     h, ids = inputs(sess, 40, seed=7)
+    h = h.to(sess.device, sess.dtype)
     sub = (lambda a, b: None) if ids is None else (lambda a, b: ids[a:b])
     ad = (lambda k: f"ad{k % 2}" if k % 3 else None) if tmp_adapters else (lambda k: None)
     a, b, c, d = (add(ad(k)) for k in range(4))
@@ -303,3 +305,62 @@ def test_abandoned_steps(world):
     r = s.restore(blob)
     with s.begin_step(np.array([r]), "decode", token_ids=ids[:1]) as st:
         st.run(x[:1])
+
+
+# ---- on the GPU: CUDA graphs, Triton kernels, fused glue ----
+
+GPU_LIMITS = RuntimeLimits(max_seqs=6, max_prefill_tokens=96, max_draft=4, ple_cache_rows=64, graph_buckets=(1, 3, 6))
+
+
+def _gpu(name: str, dtype: torch.dtype):
+    return Session.open(name, backend="torch", device="cuda", options=SessionOptions(limits=GPU_LIMITS, dtype=dtype))
+
+
+def _state(sess) -> list:
+    """Every piece of state a step may change, on the host (pools, stashes, captures, carries, positions)."""
+    out = [t.cpu() for st in [*sess.pool.layers.values(), *sess.stack.buffers.stash.values(),
+                              *sess.stack.buffers.capture.values()] for t in (st.conv, st.ssm, st.ple_conv)
+           if t is not None]
+    if sess.feeds is not None:
+        out += [torch.from_numpy(c.copy()) for c in sess.feeds.carry.values()]
+    t = sess._seqs
+    return out + [torch.from_numpy(a.copy()) for a in (t.live_id, t.position, t.pend_epoch, t.pend_row, t.pend_count)]
+
+
+GPU_CASES = [pytest.param(n, d, id=f"{tag}-{str(d)[6:]}") for n, tag in ((PLAIN, "plain"), (HC_PLE, "hc+ple"))
+             for d in (torch.float32, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype", GPU_CASES)
+def test_batched_equals_dict_on_the_gpu(name, dtype):
+    """The whole scenario (every kind, a mixed step, decode groups replayed from CUDA graphs at buckets 3 and 6)."""
+    ref, bat = _gpu(name, dtype), _gpu(name, dtype)
+    want, got = _dict_run(ref, False), _batched_run(Batched(bat, "run"), False)
+    for k, (w, g) in enumerate(zip(want, got)):
+        assert torch.equal(w.cpu(), g.cpu()), f"output {k} differs"
+    assert all(torch.equal(a, b) for a, b in zip(_state(ref), _state(bat)))
+    assert ref.stats().graphs.captured and not ref.stats().graphs.gate_failures
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype", GPU_CASES)
+def test_padded_layer_calls_equal_the_graph_replay(name, dtype):
+    """Decode steps of 4 sequences in bucket 6: the dict API replays its captured graph, the batched API calls each
+    layer eagerly on the host's padded rows (NaN padding): outputs and state bit for bit."""
+    ref, bat = _gpu(name, dtype), _gpu(name, dtype)
+    h, ids = inputs(ref, 12, seed=5)
+    h = h.to("cuda", dtype)
+    api = Batched(bat, "hidden")
+    for sess in (ref, bat):
+        qs = [sess.add_sequence() for _ in range(4)]
+        sess.prefill_batch({q: Prompt(h[k:k + 4], None if ids is None else ids[k:k + 4]) for k, q in enumerate(qs)})
+    for t in range(8, 12):
+        tok = None if ids is None else {q: ids[t:t + 1] for q in range(4)}
+        want = ref.decode({q: h[t:t + 1] for q in range(4)}, tok)
+        got, _ = api.step(decode={q: h[t:t + 1] for q in range(4)}, token_ids=tok)
+        for q in range(4):
+            assert torch.equal(want[q], got[q]), f"step {t} sequence {q}"
+    assert api.padded == 4
+    assert all(torch.equal(a, b) for a, b in zip(_state(ref), _state(bat)))
+    assert ref.stats().graphs.captured == ["decode_multi_seq bucket 6"]
