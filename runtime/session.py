@@ -1,12 +1,14 @@
-"""`Session`: the public runtime API over a stack of GDN layers, owning all recurrent state.
+"""`Session`: the public runtime API over the GDN layers of a model, owning all of their state.
 
-    sess = Session.open("tiny-3.5", device="cpu", max_seqs=8)
-    seq = sess.add_sequence()                                 # a slot in every layer, zeroed
-    res = sess.prefill(seq, hidden, capture_at=64)            # res.hidden, res.capture (a snapshot at token 64)
-    outs = sess.decode({seq: h1})                             # CUDA graph unless a layer vetoes
-    outs = sess.verify({seq: h_k})                            # stash only, nothing committed
-    sess.accept({seq: j})                                     # state after draft token j-1, folded on the device
-    blob = sess.snapshot(seq); seq2 = sess.restore(blob); sess.release(seq)
+    sess = Session.open("path/to/checkpoint", device="cuda", max_seqs=64)
+    a, b = sess.add_sequence(), sess.add_sequence()           # a slot in every GDN layer, zeroed
+    with sess.begin_step([a, b], "prefill", lengths=[5, 3]) as step:    # one step of a set of sequences
+        ... y = step.mixer(i, normed_hidden) ...              # each GDN layer where the host's forward reaches it
+    with sess.begin_step(np.array([a, b]), "decode") as step:
+        y = step.run(x)                                       # a GDN-only stack: every layer (CUDA graph per bucket)
+    sess.accept({a: j})                                       # after a verify step: keep j draft tokens
+    blob = sess.snapshot(a); c = sess.restore(blob); sess.release(a)
+    outs = sess.decode({a: h1})                               # the dict API: the same step, inputs by sequence
 
 Per-sequence LoRA adapters (`RuntimeLimits.lora` sets the device adapter slots):
     sess.register_adapter("math", "adapters/math")            # a PEFT directory or a loaded `Adapter`, kept on the host
