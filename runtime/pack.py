@@ -43,13 +43,14 @@ class PackBuffers:
         self._used = [False] * len(self._host)
         self._k = 0
         self.copies = 0
-        self.memo: dict[tuple, tuple] = {}  # a step layout -> its views (steps.py): bounded by the layouts seen
+        self.memo: dict[tuple, object] = {}  # a step layout -> its bound views (steps.py), bounded below
+        self._slices: dict[int, tuple[list[Tensor], Tensor]] = {}
 
-    def remember(self, key: tuple, views: tuple) -> tuple:
+    def remember(self, key: tuple, bound: object) -> object:
         if len(self.memo) > 4096:  # prefill layouts vary without bound
             self.memo.clear()
-        self.memo[key] = views
-        return views
+        self.memo[key] = bound
+        return bound
 
     def view(self, region: str, at: int, n: int) -> Tensor:
         """Device view of `n` entries of `region` from entry `at`."""
@@ -76,7 +77,10 @@ class PackBuffers:
         ev = self._events[self._k]
         if ev is None or extent == 0:
             return
-        self.dev[:extent].copy_(self._host[self._k][:extent], non_blocking=True)
+        sl = self._slices.get(extent)
+        if sl is None:
+            sl = self._slices[extent] = ([h[:extent] for h in self._host], self.dev[:extent])
+        sl[1].copy_(sl[0][self._k], non_blocking=True)
         ev.record()
         self._used[self._k] = True
         self.copies += 1

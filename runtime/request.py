@@ -19,11 +19,12 @@ from gdn_trt.model.modes import StepKind
 from .parts import StepParts
 from .ple.hashing import as_ids
 from .select import KIND_ORDER, Group
-from .seqs import SequenceError, as_seq_ids
+from .seqs import as_seq_ids
 
 KIND_CODE = {k: c for c, k in enumerate(KIND_ORDER)}  # decode 0, verify 1, prefill 2
 _NAMES = np.array([k.value for k in KIND_ORDER])
 _KINDS = {**{k: k for k in KIND_ORDER}, **{k.value: k for k in KIND_ORDER}}
+_PARTS: dict[tuple, "Part"] = {}  # the one group of a single-kind step, by (group, N, T): a steady loop makes one
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Part:
         return self.t1 - self.t0
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepSpec:
     """A checked request. seqs, slots, lengths [N] int64 in the step's order; cu [N+1] token offsets; ids [T]
     (PLE models) or None; capture_at [N] (-1 = none) or None; adapters [N] adapter codes (-1 = none); parts: the
@@ -111,24 +112,27 @@ def check(parts: StepParts, seqs: object, kind: object, lengths: object, token_i
     codes = None if one is not None else kind_codes(kind, N)
     if codes is not None and N > 1 and (np.diff(codes) < 0).any():
         raise ValueError("a mixed step lists its sequences grouped by kind: decode, then verify, then prefill")
-    slots = table.slots(seqs)
-    blocked = table.blocked[slots]
-    if blocked.any():
-        _blocked(table, seqs, slots, blocked)
+    slots = table.steppable(seqs)
     if codes is None and one is StepKind.DECODE and lengths is None:
-        L = table.ones(N)
+        L, cu, T = table.ones(N), table.arange(N + 1), N
     else:
         L = _lengths(lengths, np.full(N, KIND_CODE[one]) if codes is None else codes, seqs, lim)
-    cu = np.zeros(N + 1, dtype=np.int64)
-    np.cumsum(L, out=cu[1:])
-    T = int(cu[-1])
+        cu = np.zeros(N + 1, dtype=np.int64)
+        np.cumsum(L, out=cu[1:])
+        T = int(cu[-1])
     ids = _token_ids(parts, token_ids, T)
     cap = _capture(capture_at, np.full(N, KIND_CODE[one]) if codes is None else codes, L, seqs)
-    adapters = table.adapter[slots]
-    if parts.adapters is not None and (adapters >= 0).any():
+    adapters = table.adapter[slots] if table.bound else None
+    if adapters is not None and parts.adapters is not None and (adapters >= 0).any():
         parts.adapters.check_step(table.adapter_names_of(adapters))
     if codes is None:
-        out = (Part(one, 0, N, 0, T, parts.selector.group(one, N, T)),)
+        g = parts.selector.group(one, N, T)
+        p = _PARTS.get((id(g), N, T))
+        if p is None or p.group is not g:
+            if len(_PARTS) > 4096:
+                _PARTS.clear()
+            p = _PARTS[(id(g), N, T)] = Part(one, 0, N, 0, T, g)
+        out = (p,)
     else:
         bounds = np.searchsorted(codes, np.arange(len(KIND_ORDER) + 1)).tolist()
         out = []
@@ -139,16 +143,6 @@ def check(parts: StepParts, seqs: object, kind: object, lengths: object, token_i
                 out.append(Part(kind_, s0, s1, t0, t1, parts.selector.group(kind_, s1 - s0, t1 - t0)))
         out = tuple(out)
     return StepSpec(seqs, slots, L, cu, ids, cap, adapters, out)
-
-
-def _blocked(table, seqs: np.ndarray, slots: np.ndarray, blocked: np.ndarray) -> None:
-    k = int(np.flatnonzero(blocked)[0])
-    q, slot = int(seqs[k]), int(slots[k])
-    if table.failed[slot]:
-        raise SequenceError(f"sequence {q} failed in an earlier step ({table.fail_reason[slot]}): only release, "
-                            "snapshot and restore are open to it")
-    raise SequenceError(f"sequence {q} has an unaccepted verify: call accept first (accept({{{q}: 0}}) rejects "
-                        "every draft)")
 
 
 def _lengths(lengths: object, codes: np.ndarray, seqs: np.ndarray, lim) -> np.ndarray:

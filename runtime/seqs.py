@@ -70,6 +70,8 @@ class Seq:
 
 def as_seq_ids(seqs: object, what: str = "seqs") -> np.ndarray:
     """Sequence ids as a 1-D int64 numpy array (from a list, numpy or a CPU torch tensor); floats and bools refused."""
+    if type(seqs) is np.ndarray and seqs.dtype == np.int64 and seqs.ndim == 1:
+        return seqs
     if isinstance(seqs, Tensor):
         if seqs.device.type != "cpu":
             raise ValueError(f"{what} must be on the CPU (the host's bookkeeping), got {seqs.device}")
@@ -109,10 +111,14 @@ class SeqTable:
         # slot's sequence may not step (a pending verify or a failure)
         self.live_id = np.full(S, -1, dtype=np.int64)
         self.blocked = np.zeros(S, dtype=bool)
+        self.ready = np.full(S, -1, dtype=np.int64)  # live_id where the sequence may step (not blocked), else -1
+        self.bound = 0  # live sequences bound to an adapter (0: a step skips the adapter lookup)
         self._mark = np.zeros(S, dtype=np.int64)
         self._at = np.arange(1, S + 1, dtype=np.int64)
         self._ones = np.ones(S, dtype=np.int64)
         self._ones.flags.writeable = False
+        self._ar = np.arange(S + 2, dtype=np.int64)
+        self._ar.flags.writeable = False
         self.epoch = 0
         self.adapter_names: list[str | None] = []  # code -> registered adapter name (None = a freed code)
         self._codes: dict[str, int] = {}
@@ -127,14 +133,16 @@ class SeqTable:
         self.failed[slot] = False
         self.blocked[slot] = False
         self.fail_reason.pop(slot, None)
-        self.live_id[slot] = (self.gen[slot] - 1) * self.S + slot
+        self.live_id[slot] = self.ready[slot] = (self.gen[slot] - 1) * self.S + slot
+        self.bound += adapter is not None
         return int(self.live_id[slot])
 
     def remove(self, seq: int) -> int:
         """Release `seq`; returns its slot."""
         slot = self.slot(seq)
+        self.bound -= bool(self.adapter[slot] >= 0)
         self.live[slot] = False
-        self.live_id[slot] = -1
+        self.live_id[slot] = self.ready[slot] = -1
         self.pend_epoch[slot] = -1
         self.failed[slot] = False
         self.blocked[slot] = False
@@ -173,8 +181,37 @@ class SeqTable:
         return self._ones[:n]
 
     def block(self, slots: np.ndarray) -> None:
-        """Recompute `blocked` for `slots` after their pending verify or failure changed."""
-        self.blocked[slots] = (self.pend_epoch[slots] >= 0) | self.failed[slots]
+        """Recompute `blocked` (and `ready`) for `slots` after their pending verify or failure changed."""
+        self.blocked[slots] = b = (self.pend_epoch[slots] >= 0) | self.failed[slots]
+        self.ready[slots] = np.where(b, -1, self.live_id[slots])
+
+    def steppable(self, seqs: np.ndarray) -> np.ndarray:
+        """Slots of `seqs [N]`, each live, distinct and free to step (no pending verify, not failed): one gather and
+        compare in the common case; the first failure is named."""
+        slot = seqs % self.S
+        if not (self.ready[slot] == seqs).all():
+            slot = self.slots(seqs)  # names an unknown, released or repeated sequence
+            k = int(np.flatnonzero(self.blocked[slot])[0])
+            q, s = int(seqs[k]), int(slot[k])
+            if self.failed[s]:
+                raise SequenceError(f"sequence {q} failed in an earlier step ({self.fail_reason[s]}): only release, "
+                                    "snapshot and restore are open to it")
+            raise SequenceError(f"sequence {q} has an unaccepted verify: call accept first (accept({{{q}: 0}}) "
+                                "rejects every draft)")
+        n = seqs.size
+        if n > 1:
+            if n > self.S:
+                raise ValueError(f"a step of {n} sequences names some twice: the session holds {self.S}")
+            at = self._at[:n]
+            self._mark[slot] = at
+            dup = self._mark[slot] != at
+            if dup.any():
+                raise ValueError(f"sequence {int(seqs[np.flatnonzero(dup)[0]])} appears twice in one step")
+        return slot
+
+    def arange(self, n: int) -> np.ndarray:
+        """0..n-1 (a shared read-only array)."""
+        return self._ar[:n]
 
     def _why(self, seq: object) -> str:
         if not isinstance(seq, (int, np.integer)) or isinstance(seq, bool) or seq < 0:

@@ -58,7 +58,6 @@ class _Bound:
     lora_pad: Tensor | None
     ple: dict[int, Tensor]  # layer -> rows [rows, heads, d_h] (padded)
     capture_at: Tensor | None
-    new_carries: dict[int, np.ndarray]  # PLE carries after the step (committed at close; verify: none)
 
     def __post_init__(self) -> None:
         n = self.part.tokens
@@ -108,14 +107,18 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
         if p.kind is StepKind.PREFILL:
             cap_at += n
     pk.send(extent)
-    binds = [_bind(parts, spec, lora_tok is not None, *lay, stream) for lay in layout]
-    return Step(parts, spec, binds)
+    binds, carries = [], []
+    for lay in layout:
+        b, c = _bind(parts, spec, lora_tok is not None, *lay, stream)
+        binds.append(b)
+        carries.append(c)
+    return Step(parts, spec, binds, carries)
 
 
 def _lora_per_token(parts: StepParts, spec: StepSpec, stream) -> np.ndarray:
     """The device adapter slot of every token (-1 = none), after binding the step's adapters to slots."""
     codes = spec.adapters
-    if not (codes >= 0).any():
+    if codes is None or not (codes >= 0).any():
         return np.full(spec.tokens, -1, dtype=np.int64)
     table = parts.seqs
     names = table.adapter_names_of(codes)
@@ -127,20 +130,22 @@ def _lora_per_token(parts: StepParts, spec: StepSpec, stream) -> np.ndarray:
 
 
 def _bind(parts: StepParts, spec: StepSpec, lora: bool, p: Part, pad: int, seq_at: int, tok_at: int, cu_at: int,
-          cap_at: int, stream) -> _Bound:
+          cap_at: int, stream) -> tuple[_Bound, dict[int, np.ndarray]]:
+    """A group's device views (memoized by layout: the same views every step of the same shape) and its staged PLE
+    rows; returns the bound group and the PLE carries after the step (none for a verify)."""
     pk, n, T = parts.pack, p.n, p.tokens
-    key = (p.kind, n, T, pad, seq_at, tok_at, cu_at, cap_at, lora)
-    views = pk.memo.get(key)
-    if views is None:
-        views = pk.remember(key, _views(pk, p.kind, n, T, pad, seq_at, tok_at, cu_at, cap_at, lora))
-    pack, pack_pad, lora_n, lora_pad, cap = views
     ple, new = {}, {}
     if parts.feeds is not None:
         local_cu = spec.cu[p.s0:p.s1 + 1] - spec.cu[p.s0]
         ple, new = parts.feeds.stage(spec.slots[p.s0:p.s1], spec.ids[p.t0:p.t1], local_cu, tok_at, pad, stream)
         if p.kind is StepKind.VERIFY:
             new = {}
-    return _Bound(p, T + pad, pack, pack_pad, lora_n, lora_pad, ple, cap, new)
+    key = (id(p), pad, seq_at, tok_at, cu_at, cap_at, lora)  # the memo keeps p alive: its id stays its own
+    b = pk.memo.get(key)
+    if b is None or b.part is not p:
+        pack, pack_pad, lora_n, lora_pad, cap = _views(pk, p.kind, n, T, pad, seq_at, tok_at, cu_at, cap_at, lora)
+        b = pk.remember(key, _Bound(p, T + pad, pack, pack_pad, lora_n, lora_pad, ple, cap))
+    return b, new
 
 
 def _views(pk: PackBuffers, kind: StepKind, n: int, T: int, pad: int, seq_at: int, tok_at: int, cu_at: int,
@@ -165,8 +170,8 @@ class Step:
     None when the step is not padded), `captures` (after close: prefill snapshots by sequence).
     """
 
-    def __init__(self, parts: StepParts, spec: StepSpec, binds: list[_Bound]):
-        self._p, self._spec, self._binds = parts, spec, binds
+    def __init__(self, parts: StepParts, spec: StepSpec, binds: list[_Bound], carries: list[dict]):
+        self._p, self._spec, self._binds, self._carries = parts, spec, binds, carries
         self.seqs, self.lengths, self.tokens = spec.seqs, spec.lengths, spec.tokens
         self.bucket = binds[0].part.group.bucket if len(binds) == 1 else None
         self._layers = parts.cfg.gdn_layer_ids
@@ -347,7 +352,7 @@ class Step:
         fence = p.pool.fence(p.stream())
         table = p.seqs
         written = []
-        for b in self._binds:
+        for b, carries in zip(self._binds, self._carries):
             part = b.part
             slots, L = spec.slots[part.s0:part.s1], spec.lengths[part.s0:part.s1]
             if part.kind is StepKind.VERIFY:
@@ -357,8 +362,8 @@ class Step:
                 if part.kind is StepKind.PREFILL and spec.capture_at is not None:
                     self._captures(b, slots, L, fence)
                 table.position[slots] += L
-                if b.new_carries:
-                    p.feeds.commit(slots, b.new_carries)
+                if carries:
+                    p.feeds.commit(slots, carries)
             p.stats.kinds[part.kind].add(part.group)
         if written:
             p.pool.mark_written(np.concatenate(written) if len(written) > 1 else written[0], fence)
@@ -367,7 +372,7 @@ class Step:
         table, spec = self._p.seqs, self._spec
         table.epoch += 1
         table.pend_epoch[slots] = table.epoch
-        table.blocked[slots] = True
+        table.block(slots)
         table.pend_row[slots] = spec.cu[part.s0:part.s1] - spec.cu[part.s0]
         table.pend_count[slots] = L
         if table.pend_ids is not None and part.tokens:

@@ -72,8 +72,9 @@ class PleFeeds:
         `ple_rows[at:at + T]` and `pad` zero rows after them. Returns (layer -> rows view [T + pad, heads, d_h],
         layer -> the sequences' carries after these ids [N, ngram_size - 1]); stores no carry."""
         rows, new = {}, {}
-        for i, p in self.stages.items():
-            r, new[i] = p.hasher.hash_packed(ids, cu, self.carry[i][slots])
+        one_each = ids.size == slots.size and int(cu[-1]) == ids.size and bool((cu[1:] - cu[:-1] == 1).all())
+        for i, p in self.stages.items():  # ids were checked with the step's request, carries are the session's
+            r, new[i] = p.hasher.hash_checked(ids, cu, self.carry[i][slots], one_each)
             rows[i] = p.put(r, at, pad, stream)
         return rows, new
 

@@ -179,12 +179,11 @@ class Lru:
         slot = self.lookup(refs)
         hit = slot >= 0
         if C and hit.all():  # the steady state of a decode loop: touch only, no index change
-            tick, at = self._tick, self._arange(n)
+            stamps = self._tick + self._arange(n)
             self._tick += 2 * n
-            self.stamp[slot[::-1]] = tick + at[::-1]
-            first = self.stamp[slot] == tick + at
-            self._push(slot[first], tick + at[first])
-            none = at[:0]
+            self.stamp[slot[::-1]] = stamps[::-1]  # reversed: a slot keeps its first reference's stamp
+            self._push(slot, stamps)  # a repeated slot's later records are stale: the queue skips them
+            none = stamps[:0]
             return Update(slot, slot, none, none, none, 0)
         miss_refs = np.flatnonzero(~hit)
         uniq, first = np.unique(refs[miss_refs], return_index=True)

@@ -139,12 +139,16 @@ class Prestage:
         if at + T + pad > self.max_tokens:
             raise ValueError(f"step has {at + T + pad} tokens, more than max_tokens={self.max_tokens}")
         if T + pad:
-            staging = self._next_staging()
+            # on the CPU the rows are gathered straight into the device buffer (nothing to upload)
+            staging = self._next_staging() if self.device.type == "cuda" else self.ple_rows
             if T:
-                self.store.gather(rows, staging[at:at + T])
+                self.store.gather_flat(rows.reshape(-1), staging[at:at + T].view(-1, staging.shape[-1]))
             if pad:
                 staging[at + T:at + T + pad].zero_()
-            self._upload(staging, at, T + pad, stream)
+            if staging is not self.ple_rows:
+                self._upload(staging, at, T + pad, stream)
+            else:
+                self._uploads += 1
         self._tokens += T
         return self.ple_rows[at:at + T + pad]
 

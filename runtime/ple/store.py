@@ -103,10 +103,14 @@ class RowStore:
         `out` is caller-owned (e.g. a pinned staging buffer): CPU, contiguous, the table's dtype, shape
         `rows.shape + (dim,)`. Bad input raises before any counter or cache entry changes.
         """
-        idx = self._check(rows, out)
+        self.gather_flat(self._check(rows, out), out.view(-1, self.dim))
+        return out
+
+    def gather_flat(self, idx: np.ndarray, flat: Tensor) -> Tensor:
+        """`gather` without its checks, for rows the caller computed itself (the PLE hash: always in range):
+        idx [n] int64 -> flat [n, dim] (a CPU tensor of the table's dtype, or a view of one)."""
         if idx.size == 0:
-            return out
-        flat = out.view(-1, self.dim)
+            return flat
         u = self._lru.update(idx)
         new_vals, alive = None, np.zeros(0, dtype=bool)
         if u.uniq_new.size:
@@ -130,7 +134,7 @@ class RowStore:
         self._hits += idx.size - u.uniq_new.size
         self._misses += u.uniq_new.size
         self._evictions += u.evictions
-        return out
+        return flat
 
     def counters(self) -> StoreCounters:
         return StoreCounters(self._hits, self._misses, self._misses * self.row_bytes, self._evictions,
