@@ -126,7 +126,8 @@ class Selector:
         """The engine that runs `part` ("layer" or "mixer") of the k-th layer of group `g`: the group's own engine
         when it can, else the first candidate of that layer that runs the part in the group's mode (logged once)."""
         eng = g.engines[k]
-        if part in eng.parts():
+        single = len(getattr(eng, "layer_ids", (eng.layer_idx,))) == 1  # a stack engine runs its layers together
+        if single and part in eng.parts():
             return eng
         key = (g.mode, k, part, g.bucket or g.tokens)
         hit = self._parts.get(key)
@@ -134,9 +135,10 @@ class Selector:
             rows = g.bucket or g.seqs
             tokens = g.tokens if g.bucket is None else rows
             for c in self.engines[k]:
-                if part in c.parts() and g.mode in c.modes() and c.refuse(g.mode, rows, tokens) is None:
+                alone = len(getattr(c, "layer_ids", (c.layer_idx,))) == 1
+                if alone and part in c.parts() and g.mode in c.modes() and c.refuse(g.mode, rows, tokens) is None:
                     hit = self._parts[key] = c
-                    self.say(f"layer {c.layer_idx}: {part} calls run on {c.name} ({eng.name} runs whole layers only)")
+                    self.say(f"layer {c.layer_idx}: {part} calls run on {c.name} ({eng.name} cannot run it alone)")
                     break
             else:
                 raise NoEngineError(f"no engine of layer {eng.layer_idx} runs its {part} alone in {g.mode.value}: "

@@ -111,10 +111,16 @@ class Stack:
         return None
 
     def run(self, mode: LayerMode, engines: tuple[Engine, ...], inp: Packed, ctx: "StepContext") -> Packed:
-        """Run `inp` through the layers of `engines` (a contiguous run of the stack) and return the result."""
+        """Run `inp` through the layers of `engines` (one per layer of a contiguous run of the stack) and return the
+        result. An engine that covers several consecutive layers (`layer_ids`) stands for each of them and runs
+        once."""
+        last = None
         for eng in engines:
+            if eng is last:
+                continue
             out = self.call(mode, eng, inp, ctx)
             inp = Packed(out.x, out.residual, inp.pack, inp.lora_idx)
+            last = eng
         return inp
 
     def call(self, mode: LayerMode, eng: Engine, inp: Packed, ctx: "StepContext", part: str = "layer"

@@ -364,3 +364,40 @@ def test_padded_layer_calls_equal_the_graph_replay(name, dtype):
     assert api.padded == 4
     assert all(torch.equal(a, b) for a, b in zip(_state(ref), _state(bat)))
     assert ref.stats().graphs.captured == ["decode_multi_seq bucket 6"]
+
+
+def test_an_engine_covering_consecutive_layers_runs_once():
+    """The stack's loop takes an engine that covers several consecutive layers (`layer_ids`, what a TensorRT stack
+    plan is): it stands for each of its layers and runs once; a per-layer call on one of them finds no engine."""
+    from gdn_trt.model.state import StepInput
+    from gdn_trt.runtime.backends import TorchEngine
+    from gdn_trt.runtime.engine import LayerCall
+    from gdn_trt.runtime.select import NoEngineError
+
+    ref, s = open_session(PLAIN), open_session(PLAIN)
+    first, second = (c[0] for c in s.selector.engines[:2])
+    calls = []
+
+    class Pair(TorchEngine):
+        layer_ids = (first.layer_idx, second.layer_idx)
+
+        def run(self, call, stream):
+            calls.append(call.mode)
+            out = first.run(call, stream)
+            step = StepInput(out.x, call.step.pack, out.residual, None, call.step.lora)
+            extra = s.stack.extra(call.mode, second.layer_idx, out.x.shape[0], getattr(call.extra, "at", None))
+            return second.run(LayerCall(call.mode, step, s.pool.layers[second.layer_idx], extra), stream)
+
+    pair = Pair(first.layer, first.device)
+    s.selector.engines = [[pair], [pair], *s.selector.engines[2:]]
+    h, _ = inputs(s, 6, seed=9)
+    for sess in (ref, s):
+        q = [sess.add_sequence() for _ in range(2)]
+        sess.prefill_batch({q[0]: Prompt(h[:3]), q[1]: Prompt(h[3:5])})
+    want = ref.decode({0: h[5:6], 1: h[5:6]})
+    got = s.decode({0: h[5:6], 1: h[5:6]})
+    assert len(calls) == 2 and all(torch.equal(want[q], got[q]) for q in (0, 1))  # once per step
+    with s.begin_step(np.array([0, 1]), "decode") as st:
+        with pytest.raises(NoEngineError, match="runs its layer alone"):
+            st.layer(0, h[:2])
+        st.run(h[:2])
