@@ -52,15 +52,19 @@ def dict_step(parts: StepParts, begin: Callable[..., Step], decode: object, veri
         raise ValueError(f"token ids given for sequences that are not in the step: {sorted(extra)}")
     if not seqs:
         return StepResult({}, {})
-    lengths = [h.shape[0] for h in hs]
-    kind_names = KIND_ORDER[kinds[0]].value if len(set(kinds)) == 1 else np.array([KIND_ORDER[k].value
-                                                                                    for k in kinds])
+    one = kinds[0] if kinds.count(kinds[0]) == len(kinds) else None
+    kind_names = KIND_ORDER[one].value if one is not None else np.array([KIND_ORDER[k].value for k in kinds])
+    decode = one == KIND_CODE[StepKind.DECODE]  # one token each: no lengths to pass or split by
+    lengths = None if decode else [h.shape[0] for h in hs]
     packed = None if parts.feeds is None else np.concatenate(ids)
     cap = np.array(caps, dtype=np.int64) if any(c >= 0 for c in caps) else None
     x = torch.cat(hs) if len(hs) > 1 else hs[0]
-    with begin(np.array(seqs, dtype=np.int64), kind_names, np.array(lengths, dtype=np.int64), packed, cap) as st:
+    with begin(np.array(seqs, dtype=np.int64), kind_names, None if decode else np.array(lengths, dtype=np.int64),
+               packed, cap) as st:
         out = st.run(x)
-    return StepResult(dict(zip(seqs, torch.split(out, lengths))), st.captures)
+    if len(seqs) == 1:
+        return StepResult({seqs[0]: out}, st.captures)
+    return StepResult(dict(zip(seqs, out.split(1) if decode else torch.split(out, lengths))), st.captures)
 
 
 def _tensors(parts: StepParts, kind: StepKind, part: dict, token_ids: dict, seqs: list, hs: list, ids: list

@@ -34,6 +34,7 @@ class PackBuffers:
             self.regions[name] = (at, size)
             at += size
         self.size = at
+        self.offsets = tuple(self.regions[r][0] for r in ("slots", "cu", "cap", "lora"))
         self.dev = torch.zeros(at, dtype=torch.int32, device=self.device)
         self.cu_decode = torch.arange(S + 1, dtype=torch.int32, device=self.device)
         cuda = self.device.type == "cuda"

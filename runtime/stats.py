@@ -63,6 +63,7 @@ class GraphStats:
     captured: list[str] = field(default_factory=list)  # "<mode> bucket <b>" per captured (mode, bucket)
     replays: int = 0
     gate_failures: list[str] = field(default_factory=list)
+    host_captures: list[str] = field(default_factory=list)  # "<mode> rows <r>": layer calls a host captured
 
 
 @dataclass
@@ -93,7 +94,8 @@ class SessionStats:
                      f"({self.restored_tokens} tokens reused), {self.rejected_snapshots} rejected")
         g = self.graphs
         lines.append(f"cuda graphs: {len(g.captured)} captured {g.captured}, {g.replays} replays, "
-                     f"{len(g.gate_failures)} failed the gate {g.gate_failures}")
+                     f"{len(g.gate_failures)} failed the gate {g.gate_failures}"
+                     + (f"; layer calls captured by the host: {g.host_captures}" if g.host_captures else ""))
         if self.adapters is not None:
             a = self.adapters
             lines.append(f"LoRA slots: {a.hits} hits / {a.misses} uploads, {a.evictions} evictions, "

@@ -80,7 +80,7 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
         lora_tok = _lora_per_token(parts, spec, stream)
     pk = parts.pack
     h = pk.host()
-    o_slots, o_cu, o_cap, o_lora = (pk.offset(r) for r in ("slots", "cu", "cap", "lora"))
+    o_slots, o_cu, o_cap, o_lora = pk.offsets
     seq_at = tok_at = cu_at = cap_at = 0
     extent = 0
     layout = []
@@ -233,7 +233,10 @@ class Step:
             raise StepError(f"step closed before GDN layers {missing} were called (call them, or abort())")
         if self._captured:
             b = self._binds[0]
-            self._p.graphs.host_captures.add((b.part.group.mode, b.rows))
+            key = (b.part.group.mode, b.rows)
+            if key not in self._p.graphs.host_captures:
+                self._p.graphs.host_captures.add(key)
+                self._p.stats.graphs.host_captures.append(f"{key[0].value} rows {key[1]}")
         self._commit()
         self.closed = True
         return StepResult({}, self.captures)

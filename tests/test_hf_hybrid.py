@@ -172,6 +172,7 @@ def test_whole_decode_step_in_one_cuda_graph(tmp_path):
                 host.tracks[q].tokens.append(host.tracks[q].pending)
                 host.tracks[q].pending = int(row.argmax())
         assert torch.equal(logits[0], logits[1]), f"step {t}: replay != eager"
+    assert hosts[0].sess.stats().graphs.host_captures == ["decode_multi_seq rows 4"]
     states = [[t.clone() for st in h.sess.pool.layers.values() for t in st.tensors()] for h in hosts]
     assert all(torch.equal(a, b) for a, b in zip(*states))
     assert [hosts[0].tracks[q].tokens for q in hosts[0].tracks] == [hosts[1].tracks[q].tokens
