@@ -75,8 +75,8 @@ def _tensors(parts: StepParts, kind: StepKind, part: dict, token_ids: dict, seqs
     width, dt, dev, top = parts.cfg.stream_dim, parts.dtype, parts.device, parts.limits.max_draft
     one = kind is StepKind.DECODE
     for q, h in zip(keys, vals):
-        if type(h) is not Tensor or h.dtype != dt or h.dim() != 2 or h.shape[1] != width or \
-                (h.shape[0] != 1 if one else h.shape[0] > top) or h.is_meta or h.device != dev:
+        if type(h) is not Tensor or h.layout != torch.strided or h.dtype != dt or h.dim() != 2 or \
+                h.shape[1] != width or (h.shape[0] != 1 if one else h.shape[0] > top) or h.is_meta or h.device != dev:
             parts.seqs.slot(q)  # an unknown sequence is named before its input
             vals[keys.index(q)] = _hidden(parts, h, kind, q)
     seqs += keys

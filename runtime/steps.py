@@ -287,6 +287,9 @@ class Step:
     def _check_x(self, x: object, width: int, allow_pad: bool) -> None:
         if not isinstance(x, Tensor):
             raise TypeError(f"a layer input must be a tensor, got {type(x).__name__}")
+        if x.layout != torch.strided or x.is_meta:
+            raise ValueError(f"a layer input must be a dense tensor with data, got a "
+                             f"{'meta' if x.is_meta else x.layout} tensor")
         rows = (self.tokens, self.bucket) if allow_pad and self.bucket else (self.tokens,)
         if x.dim() != 2 or x.shape[1] != width or x.shape[0] not in rows:
             raise ValueError(f"a layer input of this step must be [{' or '.join(map(str, rows))}, {width}], got "

@@ -234,6 +234,7 @@ BAD_INPUTS = {
     "width": (lambda st, x: st.layer(0, x[:, :7]), ValueError, "must be [2, 128]"),
     "dtype": (lambda st, x: st.layer(0, x.double()), ValueError, "torch.float32"),
     "not a tensor": (lambda st, x: st.layer(0, x.tolist()), TypeError, "tensor"),
+    "sparse": (lambda st, x: st.layer(0, x.to_sparse()), ValueError, "dense tensor with data"),
     "mixer of a PLE layer": (lambda st, x: st.mixer(1, x[:, :32]) if st.layer(0, x) is not None else None,
                              ValueError, "layer 1 has PLE"),
     "residual on hc": (lambda st, x: st.layer(0, x, x), ValueError, "no residual"),
