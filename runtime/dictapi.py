@@ -37,17 +37,17 @@ def dict_step(parts: StepParts, begin: Callable[..., Step], decode: object, veri
         seen: set = set()
         dup = next(q for q in every if q in seen or seen.add(q))
         raise ValueError(f"sequence {dup} appears in more than one kind of the same step")
-    seqs, kinds, hs, ids, caps = [], [], [], [], []
+    seqs, kinds, hs, ids, caps = [], [], [], [], None
     for kind, part in zip(KIND_ORDER, (decode or {}, verify or {}, prefill or {})):
         if not part:
             continue
         if kind is StepKind.PREFILL:
+            caps = [-1] * len(seqs)
             _prompts(parts, part, token_ids, seqs, hs, ids, caps)
         else:
             _tensors(parts, kind, part, token_ids, seqs, hs, ids)
-            caps += [-1] * len(part)
         kinds += [KIND_CODE[kind]] * len(part)
-    extra = set(token_ids) - set(seqs)
+    extra = [q for q in token_ids if not any(q in d for d in (decode, verify, prefill) if d)]
     if extra:
         raise ValueError(f"token ids given for sequences that are not in the step: {sorted(extra)}")
     if not seqs:
@@ -57,14 +57,15 @@ def dict_step(parts: StepParts, begin: Callable[..., Step], decode: object, veri
     decode = one == KIND_CODE[StepKind.DECODE]  # one token each: no lengths to pass or split by
     lengths = None if decode else [h.shape[0] for h in hs]
     packed = None if parts.feeds is None else np.concatenate(ids)
-    cap = np.array(caps, dtype=np.int64) if any(c >= 0 for c in caps) else None
+    cap = np.array(caps, dtype=np.int64) if caps is not None and max(caps) >= 0 else None
     x = torch.cat(hs) if len(hs) > 1 else hs[0]
     with begin(np.array(seqs, dtype=np.int64), kind_names, None if decode else np.array(lengths, dtype=np.int64),
                packed, cap) as st:
         out = st.run(x)
     if len(seqs) == 1:
         return StepResult({seqs[0]: out}, st.captures)
-    return StepResult(dict(zip(seqs, out.split(1) if decode else torch.split(out, lengths))), st.captures)
+    rows = out.view(len(seqs), 1, -1).unbind(0) if decode else torch.split(out, lengths)
+    return StepResult(dict(zip(seqs, rows)), st.captures)
 
 
 def _tensors(parts: StepParts, kind: StepKind, part: dict, token_ids: dict, seqs: list, hs: list, ids: list
@@ -72,13 +73,16 @@ def _tensors(parts: StepParts, kind: StepKind, part: dict, token_ids: dict, seqs
     """Decode or verify inputs: one pass of cheap checks over all of them; the first one that fails is checked in
     full, which names the sequence and the problem."""
     keys, vals = list(part), list(part.values())
-    width, dt, dev, top = parts.cfg.stream_dim, parts.dtype, parts.device, parts.limits.max_draft
-    one = kind is StepKind.DECODE
-    for q, h in zip(keys, vals):
-        if type(h) is not Tensor or h.layout != torch.strided or h.dtype != dt or h.dim() != 2 or \
-                h.shape[1] != width or (h.shape[0] != 1 if one else h.shape[0] > top) or h.is_meta or h.device != dev:
+    width, dt, top = parts.cfg.stream_dim, parts.dtype, parts.limits.max_draft
+    dev = parts.device.index if parts.device.type == "cuda" else -1  # Tensor.get_device(): -1 on the CPU
+    row = torch.Size([1, width])
+    strided = torch.strided
+    for k, (q, h) in enumerate(zip(keys, vals)):
+        if type(h) is not Tensor or h.dtype != dt or h.layout != strided or h.is_meta or h.get_device() != dev or \
+                (h.shape != row if kind is StepKind.DECODE else h.dim() != 2 or h.shape[1] != width or
+                 h.shape[0] > top):
             parts.seqs.slot(q)  # an unknown sequence is named before its input
-            vals[keys.index(q)] = _hidden(parts, h, kind, q)
+            vals[k] = _hidden(parts, h, kind, q)
     seqs += keys
     hs += vals
     if parts.feeds is not None or token_ids:

@@ -166,8 +166,9 @@ class Step:
     """An open step (`Session.begin_step`); use it as a context manager or close it.
 
     Attributes: `seqs`, `lengths` [N] (the step's order), `tokens` (rows of the per-layer inputs), `bucket` (the
-    CUDA-graph bucket of a decode step: its layer calls also take `bucket` rows, padding after the n real ones;
-    None when the step is not padded), `captures` (after close: prefill snapshots by sequence).
+    CUDA-graph bucket of a step of decode sequences only: its layer calls also take `bucket` rows, padding after
+    the `tokens` real ones, which a host's own graph of the step pads to; None for other steps and without CUDA
+    graphs), `captures` (after close: prefill snapshots by sequence).
     """
 
     def __init__(self, parts: StepParts, spec: StepSpec, binds: list[_Bound], carries: list[dict]):
