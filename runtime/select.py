@@ -71,7 +71,8 @@ class Group:
 @dataclass(frozen=True)
 class GraphPolicy:
     """What may be captured: `enabled` (False = every step eager), the decode `buckets`, and whether the PLE
-    prestage is hoisted before replay (`ple_hoisted`; otherwise PLE layers veto decode capture)."""
+    prestage is hoisted before replay (`ple_hoisted`; otherwise PLE layers veto decode capture, though the step
+    stages their rows when it opens either way)."""
 
     enabled: bool
     buckets: tuple[int, ...]
@@ -202,5 +203,5 @@ class Selector:
         if why is None and (mode, bucket) in self.failed_buckets:
             why = f"bucket {bucket} failed its acceptance gate: {self.failed_buckets[(mode, bucket)]}"
         if why is None and engine.layer_idx in self.ple_layers and not self.policy.ple_hoisted:
-            why = "PLE prestage hashes and gathers rows on the host inside the step (hoist it to capture)"
+            why = "PLE prestage kept out of capture by the session's options (ple_hoisted=False)"
         return why

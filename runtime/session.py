@@ -119,7 +119,8 @@ class SessionOptions:
         limits: buffer sizes (max_seqs, max_prefill_tokens, max_draft, graph buckets, PLE cache rows).
         dtype: activation dtype; None = fp32 on the CPU, the config's dtype on CUDA.
         graphs: capture decode steps as CUDA graphs where no layer vetoes (CUDA only).
-        ple_hoisted: stage PLE rows before a replay (True) or let PLE layers veto decode capture (False).
+        ple_hoisted: PLE rows are staged when a step opens either way; False makes PLE layers veto the runtime's
+            decode capture (graph segments around them: the layout before the step context, kept to compare).
         memory_budget: bytes the memory budget must fit; None = the device's free memory.
         seed: seed of the synthetic weights when the model is a preset or a config.
     """
