@@ -10,8 +10,14 @@ besides the layers' device work.
 - `ple`: the PLE host part of a decode step at Qwen4-Exp shapes (16 n-gram heads x 160, bf16 table rows, the table
   shrunk to ~85k rows): hashing, the row cache lookup and the staging of N = 1..256 sequences' rows, every step the
   same ids (after the first step every row is a cache hit), as the session's PLE feeds do it.
-The median of `--steps` timed steps after 20 warm-up steps; `time.perf_counter_ns` around each call.
-Writes `<out>/<date>-host-cpu.json` and `.md` (no plot: two small tables).
+The median of `--steps` timed steps after 20 warm-up steps; `time.perf_counter_ns` and the thread's CPU time
+around each call. Writes `<out>/<date>-<name>.json` and `.md`.
+
+    python bench/host_cpu.py --combine OUT_STEM before=a.json,b.json after=c.json,d.json
+
+combines runs of two versions (e.g. interleaved rounds of the old and the new runtime, the old one run with
+PYTHONPATH pointing at a copy of its sources) into one table and plot: per cell the smallest median of its rounds.
+(The fallbacks below for a runtime without `begin_step` or array carries are what measures the old version.)
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import datetime as dt
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -140,7 +147,57 @@ def _stager(feeds, slots: np.ndarray, ids: np.ndarray):
     return lambda: StepRows(feeds, seqs, commit=True, stream=None).hoist()
 
 
+def combine(stem: Path, groups: list[str]) -> None:
+    """One table and plot from several runs per version (see the module docstring)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells: dict[tuple, dict[str, list[float]]] = {}
+    meta = {}
+    for g in groups:
+        tag, files = g.split("=", 1)
+        for f in files.split(","):
+            d = json.loads(Path(f).read_text())
+            meta = d["meta"]
+            for r in d["rows"]:
+                for k, v in r.items():
+                    if k.endswith("_us") and not k.endswith("cpu_us"):
+                        cells.setdefault((r["case"], r["n"]), {}).setdefault(f"{k[:-3]} {tag}", []).append(v)
+    cols = sorted({c for d in cells.values() for c in d})
+    rows = [{"case": case, "n": n, **{c: min(v) for c, v in d.items()}} for (case, n), d in sorted(cells.items())]
+    lines = [f"# host-cpu ({meta.get('date')}): the runtime's own host cost per decode step", "",
+             f"- python {meta.get('python')}, torch {meta.get('torch')}, 1 torch thread, runs per version: "
+             + ", ".join(f"{g.split('=')[0]} {len(g.split('=', 1)[1].split(','))}" for g in groups),
+             "- each figure: the smallest median (us per step, wall clock) over the runs of its version", "",
+             "| case | N | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
+    lines += [f"| {r['case']} | {r['n']} | " + " | ".join(f"{r[c]:.0f}" if c in r else "" for c in cols) + " |"
+              for r in rows]
+    stem.with_suffix(".json").write_text(json.dumps({"meta": {**meta, "runs": groups}, "rows": rows}, indent=1) + "\n")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, case in zip(axes, sorted({r["case"] for r in rows})):
+        rs = [r for r in rows if r["case"] == case]
+        for c in cols:
+            if any(c in r for r in rs):
+                ax.plot([r["n"] for r in rs if c in r], [r[c] for r in rs if c in r], marker="o", label=c)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequences per step (N)")
+        ax.set_ylabel("us per step (CPU)")
+        ax.set_title(case, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    print("wrote", stem.with_suffix(".md"))
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--combine":
+        combine(Path(sys.argv[2]), sys.argv[3:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", type=Path, default=RESULTS)
