@@ -10,8 +10,8 @@ A step's groups (decode, verify, prefill, in this order) take consecutive parts 
 padded to a CUDA-graph bucket B takes B slots (-1 past its sequences) and B LoRA entries (-1), starting at 0, so the
 views a bucket's graph reads are the same every step. Decode groups read `cu_decode`, the constant 0..S, instead of
 the cu region. The host side is a ring of pinned buffers: a buffer is rewritten only after its last copy has been
-read (its event), so the host can prepare step k+1 while the copy of step k is still queued behind the GPU. On the
-CPU the device buffer is written directly and nothing is copied.
+read (its event), so the host can prepare step k+1 while the copy of step k is still queued behind the GPU. The CPU
+runs the same path (unpinned buffers, a plain copy), so every device holds what `budget.py` counts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-RING = 4  # pinned host buffers: the host may run this many steps ahead of the copies before it waits
+from .budget import RING  # pinned host buffers: the host may run this many steps ahead of the copies before it waits
 
 
 class PackBuffers:
@@ -38,9 +38,9 @@ class PackBuffers:
         self.dev = torch.zeros(at, dtype=torch.int32, device=self.device)
         self.cu_decode = torch.arange(S + 1, dtype=torch.int32, device=self.device)
         cuda = self.device.type == "cuda"
-        self._host = [torch.zeros(at, dtype=torch.int32, pin_memory=True) for _ in range(RING)] if cuda else [self.dev]
+        self._host = [torch.zeros(at, dtype=torch.int32, pin_memory=cuda) for _ in range(RING)]
         self._views = [h.numpy() for h in self._host]
-        self._events = [torch.cuda.Event() if cuda else None for _ in range(RING)] if cuda else [None]
+        self._events = [torch.cuda.Event() if cuda else None for _ in range(RING)]
         self._used = [False] * len(self._host)
         self._k = 0
         self.copies = 0
@@ -75,13 +75,14 @@ class PackBuffers:
     def send(self, extent: int) -> None:
         """Copy entries [0, extent) of the buffer filled since `host()` to the device, on the current stream (the
         one the session steps on)."""
-        ev = self._events[self._k]
-        if ev is None or extent == 0:
+        if extent == 0:
             return
         sl = self._slices.get(extent)
         if sl is None:
             sl = self._slices[extent] = ([h[:extent] for h in self._host], self.dev[:extent])
-        sl[1].copy_(sl[0][self._k], non_blocking=True)
-        ev.record()
-        self._used[self._k] = True
+        ev = self._events[self._k]
+        sl[1].copy_(sl[0][self._k], non_blocking=ev is not None)
+        if ev is not None:
+            ev.record()
+            self._used[self._k] = True
         self.copies += 1

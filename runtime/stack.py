@@ -80,15 +80,17 @@ class Stack:
         self.cfg, self.pool, self.buffers = cfg, pool, buffers
         self.layer_ids = cfg.gdn_layer_ids
         self.lora: AdapterSlots | None = None  # set by the session when it has adapter slots
-        self._zeros: Tensor | None = None
+        # the residual before the first layer of a decode step (<= pool slots rows; `budget.py` counts it): nothing
+        # writes it, so a host's captured graph can read it in place
+        self._zeros = None if cfg.is_hc else torch.zeros((pool.slots, cfg.hidden_size), dtype=pool.spec.act_dtype,
+                                                         device=pool.device)
 
     def zeros(self, rows: int) -> Tensor:
-        """Zeros [rows, C] in the activation dtype (the residual before the first layer), from one buffer that
-        nothing writes: grown when a step needs more rows (at a step's first use, outside any capture)."""
-        if self._zeros is None or self._zeros.shape[0] < rows:
-            self._zeros = torch.zeros((max(rows, 64), self.cfg.hidden_size), dtype=self.pool.spec.act_dtype,
-                                      device=self.pool.device)
-        return self._zeros[:rows]
+        """Zeros [rows, C] in the activation dtype (a plain layer's residual before the first layer): a view of the
+        fixed buffer for a decode step, a fresh tensor for a larger (eager) step."""
+        if rows <= self._zeros.shape[0]:
+            return self._zeros[:rows]
+        return torch.zeros((rows, self.cfg.hidden_size), dtype=self._zeros.dtype, device=self._zeros.device)
 
     def packed(self, x: Tensor, lengths: list[int], slots: list[int], adapters: list[int] | None = None) -> Packed:
         """`adapters`: the LoRA slot of each sequence (-1 = none; None = none for all), repeated over its tokens;

@@ -30,8 +30,12 @@ def test_budget_matches_what_a_session_allocates(name):
     assert rows["verify stash"].device == stash
     assert rows["prefill capture"].device == capture
     assert rows["weights"].device == weights
+    pk = s._steps.pack
+    step_bufs = _bytes([pk.dev, pk.cu_decode, s.stack._zeros])
+    assert rows["step buffers"].device == step_bufs and rows["step buffers"].host == _bytes(pk._host)
     if s.feeds is not None:
         staged = _bytes(p.ple_rows for p in s.feeds.stages.values())
+        assert rows["PLE staging"].host == _bytes(t for p in s.feeds.stages.values() for t in p._staging)
         assert rows["PLE staging"].device == staged
 
 

@@ -71,7 +71,8 @@ class Prestage:
         shape = (self.max_tokens, self.hasher.heads, t.dim)
         # pinned staging lets the copy run truly asynchronously; pinning needs CUDA, and CPU targets gain nothing
         cuda = self.device.type == "cuda"
-        self._staging = [torch.empty(shape, dtype=self.store.dtype, pin_memory=cuda) for _ in range(2 if cuda else 1)]
+        # two, used in turn (the module docstring); the CPU runs the same path (so it holds what budget.py counts)
+        self._staging = [torch.empty(shape, dtype=self.store.dtype, pin_memory=cuda) for _ in range(2)]
         self._copy_done: list[torch.cuda.Event | None] = [None] * len(self._staging)  # after each one's last upload
         self._k = 0
         self.ple_rows = torch.zeros(shape, dtype=self.store.dtype, device=self.device)
@@ -139,16 +140,12 @@ class Prestage:
         if at + T + pad > self.max_tokens:
             raise ValueError(f"step has {at + T + pad} tokens, more than max_tokens={self.max_tokens}")
         if T + pad:
-            # on the CPU the rows are gathered straight into the device buffer (nothing to upload)
-            staging = self._next_staging() if self.device.type == "cuda" else self.ple_rows
+            staging = self._next_staging()
             if T:
                 self.store.gather_flat(rows.reshape(-1), staging[at:at + T].view(-1, staging.shape[-1]))
             if pad:
                 staging[at + T:at + T + pad].zero_()
-            if staging is not self.ple_rows:
-                self._upload(staging, at, T + pad, stream)
-            else:
-                self._uploads += 1
+            self._upload(staging, at, T + pad, stream)
         self._tokens += T
         return self.ple_rows[at:at + T + pad]
 
