@@ -377,17 +377,22 @@ def test_an_engine_covering_consecutive_layers_runs_once():
 
     ref, s = open_session(PLAIN), open_session(PLAIN)
     first, second = (c[0] for c in s.selector.engines[:2])
-    calls = []
+    calls_made = []
 
     class Pair(TorchEngine):
         layer_ids = (first.layer_idx, second.layer_idx)
 
-        def run(self, call, stream):
-            calls.append(call.mode)
-            out = first.run(call, stream)
-            step = StepInput(out.x, call.step.pack, out.residual, None, call.step.lora)
-            extra = s.stack.extra(call.mode, second.layer_idx, out.x.shape[0], getattr(call.extra, "at", None))
-            return second.run(LayerCall(call.mode, step, s.pool.layers[second.layer_idx], extra), stream)
+        def run_layers(self, calls, stream):  # both layers' calls: the first carries the activations
+            calls_made.append(calls[0].mode)
+            out = first.run(calls[0], stream)
+            c = calls[1]
+            return second.run(LayerCall(c.mode, StepInput(out.x, c.step.pack, out.residual, None, c.step.lora),
+                                        c.state, c.extra), stream)
+
+        def run(self, call, stream):  # a loop that hands a stack engine its first layer's call only
+            extra = s.stack.extra(call.mode, second.layer_idx, call.step.x.shape[0], getattr(call.extra, "at", None))
+            return self.run_layers((call, LayerCall(call.mode, call.step, s.pool.layers[second.layer_idx], extra)),
+                                   stream)
 
     pair = Pair(first.layer, first.device)
     s.selector.engines = [[pair], [pair], *s.selector.engines[2:]]
@@ -397,7 +402,7 @@ def test_an_engine_covering_consecutive_layers_runs_once():
         sess.prefill_batch({q[0]: Prompt(h[:3]), q[1]: Prompt(h[3:5])})
     want = ref.decode({0: h[5:6], 1: h[5:6]})
     got = s.decode({0: h[5:6], 1: h[5:6]})
-    assert len(calls) == 2 and all(torch.equal(want[q], got[q]) for q in (0, 1))  # once per step
+    assert len(calls_made) == 2 and all(torch.equal(want[q], got[q]) for q in (0, 1))  # once per step
     with s.begin_step(np.array([0, 1]), "decode") as st:
         with pytest.raises(NoEngineError, match="runs its layer alone"):
             st.layer(0, h[:2])
