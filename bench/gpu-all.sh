@@ -45,8 +45,8 @@ for s in $stages; do
              tail -40 "$OUT/bench.log" ;;
     lora)    mkdir -p "$OUT/l"; timeout 200 python bench/lora.py --out "$OUT/l" >> "$OUT/bench.log" 2>&1
              tail -30 "$OUT/bench.log" ;;
-    runtime) mkdir -p "$OUT/r"; timeout 200 python bench/runtime.py --out "$OUT/r" >> "$OUT/bench.log" 2>&1
-             tail -20 "$OUT/bench.log" ;;
+    runtime) mkdir -p "$OUT/r"; timeout 270 python bench/runtime.py --deadline 225 --out "$OUT/r" >> "$OUT/bench.log" 2>&1
+             tail -60 "$OUT/bench.log" ;;
     *) echo "unknown stage $s (tests kernels lora runtime)"; exit 2 ;;
   esac
 done

@@ -192,6 +192,17 @@ class GdnLayer(nn.Module):
             return out, io.new_state(), io.new_extra()
         return out, io.new_state()
 
+    def run_mixer(self, mode: LayerMode, step: StepInput, state: LayerState,
+                  extra: StateStash | StateCapture | None = None) -> Tensor:
+        """The token mixer alone (Hugging Face's `linear_attn` module): `step.x` = the normed hidden [T, C] (what the
+        host's input norm, or on hc models its stream mix, produced) -> the mixer output [T, C], before any residual
+        add. The conv and GDN state are read and written as `run_impl` does in `mode`; the norms, the MLP, the
+        hyper-connections and PLE are the host's (a PLE layer's PLE part is not run: call the whole layer there).
+        Unchecked, like `run_impl`: the runtime validates the step at its boundary."""
+        io = _Io(mode, step.pack, state, extra)
+        io.lora = step.lora
+        return self._mixer(step.x, io, self._fused(step.x))
+
     def forward_sequence(self, x: Tensor, ple_rows: Tensor | None = None) -> Tensor:
         """One whole sequence from a fresh state, HF convention: x is the hidden state entering the layer
         (plain [T, C]; hc: the streams [T, n*C]); returns the hidden state after the layer's last residual add."""

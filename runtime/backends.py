@@ -5,7 +5,6 @@ imported only when TensorRT can serve), or both.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import torch
@@ -34,10 +33,21 @@ class TorchEngine(Engine):
     def refuse(self, mode: LayerMode, seqs: int, tokens: int) -> str | None:
         return mode.refuse(seqs, tokens)
 
+    def parts(self) -> tuple[str, ...]:
+        return ("layer", "mixer")
+
     def run(self, call: LayerCall, stream: torch.cuda.Stream | None) -> StepOutput:
-        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with ctx, torch.no_grad():
-            return self.layer.run_impl(call.mode, call.step, call.state, call.extra)[0]  # checked at Session.step
+        # checked where the step opened (Session.begin_step); the session steps on the current stream
+        with torch.no_grad():
+            if stream is not None and stream != torch.cuda.current_stream(stream.device):
+                with torch.cuda.stream(stream):
+                    return self._run(call)
+            return self._run(call)
+
+    def _run(self, call: LayerCall) -> StepOutput:
+        if call.part == "mixer":
+            return StepOutput(self.layer.run_mixer(call.mode, call.step, call.state, call.extra))
+        return self.layer.run_impl(call.mode, call.step, call.state, call.extra)[0]
 
 
 BACKENDS = ("auto", "torch", "trt")

@@ -25,6 +25,14 @@ from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.tp import shard_config
 
 GiB = 1 << 30
+RING = 4  # pinned host buffers of a step's index data (pack.PackBuffers)
+
+
+def pack_bytes(max_seqs: int, max_tokens: int) -> tuple[int, int]:
+    """(device, host) bytes of a session's step index buffer (`pack.PackBuffers`: slots 2S, cu S+2, capture points
+    S, LoRA slots per token; the constant 0..S for decode; RING host copies)."""
+    size = 4 * max_seqs + 2 + max_tokens
+    return 4 * (size + max_seqs + 1), 4 * RING * size
 
 
 @dataclass(frozen=True)
@@ -61,8 +69,9 @@ class RuntimeLimits:
 
     @property
     def max_step_tokens(self) -> int:
-        """Tokens of the largest step of any kind (sizes PLE staging)."""
-        return max(self.max_prefill_tokens, self.max_verify_tokens, self.max_seqs)
+        """Token rows of the largest step: a mixed step holds a decode group (padded to at most max_seqs rows), a
+        verify and a prefill at once, each group at its own rows (sizes PLE staging and the step's index buffer)."""
+        return self.max_seqs + self.max_verify_tokens + self.max_prefill_tokens
 
     def buckets(self) -> tuple[int, ...]:
         if self.graph_buckets:
@@ -194,6 +203,10 @@ def budget(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, 
                             ("max_seqs",)))
     b.rows.append(BudgetRow(f"prefill activations ({limits.max_prefill_tokens} tokens)",
                             limits.max_prefill_tokens * per_tok, 0, ("max_prefill_tokens",)))
+    index, index_host = pack_bytes(limits.max_seqs, limits.max_step_tokens)
+    zeros = 0 if cfg.is_hc else limits.max_seqs * cfg.hidden_size * a
+    b.rows.append(BudgetRow("step buffers (index data, decode zero residual)", index + zeros, index_host,
+                            ("max_seqs", "max_prefill_tokens")))
     if graphs:
         toks = sum(limits.buckets())
         io = toks * (cfg.stream_dim * 3 + cfg.hidden_size) * a + toks * 8
@@ -209,8 +222,9 @@ def budget(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, 
     if ple:
         row = cfg.ple_embed_dim * a
         staging = len(ple) * limits.max_step_tokens * row
+        # host: two staging buffers per layer (pinned on CUDA: the host prepares a step while the last copy is queued)
         b.rows.append(BudgetRow(f"PLE staging ({len(ple)} layers x {limits.max_step_tokens} tokens)", staging,
-                                staging, ("max_prefill_tokens",)))
+                                2 * staging, ("max_prefill_tokens",)))
         b.rows.append(BudgetRow(f"PLE host row cache ({limits.ple_cache_rows} rows/layer)", 0,
                                 len(ple) * limits.ple_cache_rows * cfg.ple_head_dim * a, ("ple_cache_rows",)))
     return b

@@ -2,7 +2,10 @@
 
 `run(call, stream)` takes the step's activations, the layer's pools and the stash or capture buffers (`LayerCall`),
 writes the buffers in place and returns the activations (`StepOutput`). The runtime owns every buffer; engines own
-none. Implementations: `backends.TorchEngine` (the PyTorch layer) and `trt.TrtEngine` (TensorRT plans).
+none. `LayerCall.part` says how much of the layer: "layer" (the checkpoint's whole GDN decoder layer as the layer
+modes define it: norms, mixer, dense MLP, hc, PLE) or "mixer" (the token mixer alone, for a host that owns the
+norms and residuals around it; `parts()` lists what an engine can run). Implementations: `backends.TorchEngine`
+(the PyTorch layer, both parts) and `trt.TrtEngine` (TensorRT plans of whole layers).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class LayerCall:
     step: StepInput
     state: LayerState
     extra: StateStash | StateCapture | None = None
+    part: str = "layer"  # "layer" or "mixer" (Engine.parts)
 
 
 class Engine(abc.ABC):
@@ -58,6 +62,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def run(self, call: LayerCall, stream: torch.cuda.Stream | None) -> StepOutput:
         """Enqueue the step on `stream` (None on the CPU); buffers are written in place."""
+
+    def parts(self) -> tuple[str, ...]:
+        """What of the layer `run` can do: "layer" (always) and "mixer" where the engine runs the mixer alone
+        (then `run` returns `StepOutput(mixer output)`)."""
+        return ("layer",)
 
     def capture_veto(self, mode: LayerMode) -> str | None:
         """Why a step of this engine in `mode` cannot be captured in a CUDA graph (None = it can)."""

@@ -1,13 +1,18 @@
 """CUDA-graph cache for decode steps: one entry per (engines, mode, bucket), captured piecewise around vetoed layers.
 
-An entry owns fixed input buffers for `bucket` sequences (x, residual, slots, cu_seqlens, and the LoRA slot index
-when the session has adapter slots): a step of N <= bucket sequences is copied in, rows N.. are zeroed and their
-slots (and LoRA slots) set to -1 (the ops skip them: padding never writes a pool row). The adapter slot weights
-are read in place, so adapters uploaded between replays are what the next replay uses. The stack is cut into
-segments of consecutive layers: a segment whose layers have no capture veto is captured once (after a warm-up, with
-every slot -1, so neither warm-up nor capture writes state) and replayed; a vetoed segment runs eagerly on the same
-padded buffers. PLE rows are read from each prestage's fixed device buffer:
-hoisted (staged for every PLE layer before the first replay) or staged when the vetoed PLE layer is reached.
+An entry owns a fixed activation buffer for `bucket` sequences (x; the residual before the first layer is zeros)
+and reads the step's index data where the step put it: the slots (-1 past the step's sequences), cu_seqlens and
+LoRA slots of a decode group padded to its bucket sit at the start of the session's index buffer
+(`pack.PackBuffers`), the same addresses every step, and its PLE rows at the start of each prestage's fixed buffer,
+padding rows zero, staged when the step opened. A step of N <= bucket sequences copies its x into rows 0..N-1; the
+ops skip the padding slots (padding never writes a pool row). The adapter slot weights are read in place, so
+adapters uploaded between replays are what the next replay uses. The stack is cut into segments of consecutive
+layers: a segment whose layers have no capture veto is captured once (after a warm-up, with every slot -1, so
+neither warm-up nor capture writes state; the step's slots are put back afterwards) and replayed; a vetoed segment
+runs eagerly on the same padded buffers.
+
+`host_captures` records the (mode, rows) of steps whose layer calls a host captured in its own CUDA graph
+(`steps.Step.replayed`).
 
 Acceptance gate: the first step of an entry is run both ways on the same inputs, the replay first, then the pool
 rows it wrote are put back and the stack runs eagerly; the bucket is used only when outputs and every written
@@ -27,7 +32,7 @@ from gdn_trt.model.modes import LayerMode
 from gdn_trt.plugins.packing import Packing
 
 from .engine import Engine
-from .ple.feeds import PleFeeds, StepRows
+from .ple.feeds import PleFeeds
 from .select import Group, Selector
 from .stack import Packed, Stack, StepContext
 from .stats import GraphStats
@@ -49,12 +54,12 @@ class _Entry:
     mode: LayerMode
     bucket: int
     x: Tensor  # [B, stream_dim]
-    residual: Tensor | None  # [B, C] (plain)
-    slots: Tensor  # [B] int32, -1 past the step's sequences
-    pack: Packing
-    lora_idx: Tensor | None = None  # [B] int32 LoRA slot per token (one token per sequence), -1 past the step's
+    residual: Tensor | None  # [B, C] zeros (plain)
+    pack: Packing  # the step's padded packing: slots [B] (-1 past the step's sequences), cu [B+1]
+    lora_idx: Tensor | None = None  # [B] int32 LoRA slot per token, -1 past the step's
     segments: list[_Segment] = field(default_factory=list)
     gated: bool = False
+    dirty: int = 0  # rows of x holding a step's data (rows past a smaller next step are zeroed)
 
 
 class GraphCache:
@@ -63,31 +68,39 @@ class GraphCache:
     def __init__(self, stack: Stack, selector: Selector, stats: GraphStats, feeds: PleFeeds | None):
         self.stack, self.selector, self.stats, self.feeds = stack, selector, stats, feeds
         self._entries: dict[tuple, _Entry] = {}
+        self._by_group: dict[int, tuple[Group, tuple]] = {}
+        self.host_captures: set[tuple[LayerMode, int]] = set()
 
-    def run(self, g: Group, packed: Packed, ctx: StepContext, rows: StepRows) -> Tensor:
-        """Run decode group `g` (bucket set, at least one layer captured); returns the hidden state `[N, ...]`."""
-        key = (tuple(id(e) for e in g.engines), g.mode, g.bucket, g.vetoes)
-        entry = self._entries.get(key)
+    def run(self, g: Group, inp: Packed, ctx: StepContext) -> Tensor | None:
+        """Run decode group `g` (bucket set, at least one layer captured) on `inp.x [n, stream_dim]` with the step's
+        padded packing and LoRA slots (`inp`) and PLE rows (`ctx`); returns the hidden state `[n, ...]`, or None when
+        the capture failed (the bucket then runs eagerly from now on: the caller runs the step eagerly)."""
+        hit = self._by_group.get(id(g))  # the selector memoizes groups: a steady loop finds its entry by identity
+        if hit is not None and hit[0] is g:
+            key, entry = hit[1], self._entries.get(hit[1])
+        else:
+            key = (tuple(id(e) for e in g.engines), g.mode, g.bucket, g.vetoes)
+            entry = self._entries.get(key)
         if entry is None:
             try:
-                entry = self._build(g)
+                entry = self._build(g, inp, ctx)
             except Exception as e:  # a capture that fails must not take the step down: eager, and say why
                 reason = f"capture failed: {type(e).__name__}: {e}"
                 self.stats.gate_failures.append(f"{g.mode.value} bucket {g.bucket}: {reason}")
                 self.selector.fail_bucket(g.mode, g.bucket, reason)
                 self.selector.say(f"{g.mode.value} bucket {g.bucket} runs eagerly from now on: {reason}",
                                   logging.WARNING)
-                return Stack.hidden(self.stack.run(g.mode, g.engines, packed, ctx))
+                return None
             self._entries[key] = entry
-        n = packed.x.shape[0]
-        self._fill(entry, packed, n)
-        ectx = StepContext(lambda i: self._padded_rows(rows, i, n, entry.bucket), None, ctx.stream)
-        if self.selector.policy.ple_hoisted and self.feeds is not None:
-            for i in self.feeds.stages:
-                ectx.rows(i)  # hoisted: every PLE layer's rows are in their fixed buffers before the replay
+        if hit is None or hit[0] is not g:
+            if len(self._by_group) > 4096:
+                self._by_group.clear()
+            self._by_group[id(g)] = (g, key)
+        n = inp.x.shape[0]
+        self._fill(entry, inp.x, n)
         if entry.gated:
-            return self._replay(entry, ectx)[:n].clone()
-        return self._gate(key, entry, ectx, packed.pack.slots[:n])
+            return self._replay(entry, ctx)[:n].clone()
+        return self._gate(key, entry, ctx, inp.pack.slots[:n])
 
     def replayable(self, bucket: int) -> list[torch.cuda.CUDAGraph] | None:
         """The graphs of the gated, fully captured decode entry of `bucket` (None if there is none), in order: for
@@ -99,37 +112,38 @@ class GraphCache:
         return None
 
     # ---- building ----
-    def _build(self, g: Group) -> _Entry:
+    def _build(self, g: Group, inp: Packed, ctx: StepContext) -> _Entry:
         B, cfg, dev = g.bucket, self.stack.cfg, self.stack.pool.device
         x = torch.zeros((B, cfg.stream_dim), dtype=self.stack.pool.spec.act_dtype, device=dev)
         residual = None if cfg.is_hc else torch.zeros((B, cfg.hidden_size), dtype=x.dtype, device=dev)
-        slots = torch.full((B,), -1, dtype=torch.int32, device=dev)
-        cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
-        lora_idx = None if self.stack.lora is None else torch.full((B,), -1, dtype=torch.int32, device=dev)
-        entry = _Entry(g.mode, B, x, residual, slots, Packing(cu, slots), lora_idx)
-        inp = Packed(x, residual, entry.pack, lora_idx)
+        entry = _Entry(g.mode, B, x, residual, inp.pack, inp.lora_idx)
+        seg_in = Packed(x, residual, entry.pack, entry.lora_idx)
         mempool = torch.cuda.graph_pool_handle()
-        k = 0
-        while k < len(g.engines):
-            captured = g.vetoes[k] is None
-            end = k
-            while end < len(g.engines) and (g.vetoes[end] is None) == captured:
-                end += 1
-            seg = _Segment(g.engines[k:end], captured, inp)
-            if captured:
-                self._capture(entry, seg, mempool)
-                inp = seg.out
-            else:
-                inp = Packed(torch.zeros_like(x), None if residual is None else torch.zeros_like(residual),
-                             entry.pack, lora_idx)
-            entry.segments.append(seg)
-            k = end
+        saved = entry.pack.slots.clone()  # the step's slots: the warm-ups and the capture run with every slot -1
+        try:
+            k = 0
+            while k < len(g.engines):
+                captured = g.vetoes[k] is None
+                end = k
+                while end < len(g.engines) and (g.vetoes[end] is None) == captured:
+                    end += 1
+                seg = _Segment(g.engines[k:end], captured, seg_in)
+                if captured:
+                    self._capture(entry, seg, ctx, mempool)
+                    seg_in = seg.out
+                else:
+                    seg_in = Packed(torch.zeros_like(x), None if residual is None else torch.zeros_like(residual),
+                                    entry.pack, entry.lora_idx)
+                entry.segments.append(seg)
+                k = end
+        finally:
+            entry.pack.slots.copy_(saved)
         return entry
 
-    def _capture(self, entry: _Entry, seg: _Segment, mempool: tuple) -> None:
+    def _capture(self, entry: _Entry, seg: _Segment, ctx: StepContext, mempool: tuple) -> None:
         """Warm up and capture one segment with every slot -1 (nothing is written), reading fixed PLE buffers."""
-        ctx = StepContext(lambda i: self._fixed_rows(i, entry.bucket), None, None)
-        entry.slots.fill_(-1)
+        ctx = StepContext(ctx.rows, None, None)
+        entry.pack.slots.fill_(-1)
         side = torch.cuda.Stream(self.stack.pool.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -141,17 +155,13 @@ class GraphCache:
             seg.out = self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
 
     # ---- running ----
-    def _fill(self, entry: _Entry, packed: Packed, n: int) -> None:
-        """Copy a step of n sequences into the fixed inputs; padding rows get zeros and slot -1."""
-        entry.x[:n].copy_(packed.x)
-        entry.x[n:].zero_()
-        if entry.residual is not None:
-            entry.residual.zero_()  # the runtime's residual is zero before the first layer
-        entry.slots[:n].copy_(packed.pack.slots)
-        entry.slots[n:].fill_(-1)
-        if entry.lora_idx is not None:
-            entry.lora_idx[:n].copy_(packed.lora_idx)
-            entry.lora_idx[n:].fill_(-1)
+    def _fill(self, entry: _Entry, x: Tensor, n: int) -> None:
+        """Copy a step's n rows into the fixed x; rows a larger earlier step left are zeroed (padding computes on
+        zeros, never on another step's data)."""
+        entry.x[:n].copy_(x)
+        if entry.dirty > n:
+            entry.x[n:entry.dirty].zero_()
+        entry.dirty = n
 
     def _replay(self, entry: _Entry, ctx: StepContext) -> Tensor:
         out = None
@@ -206,13 +216,3 @@ class GraphCache:
         for st in self.stack.pool.layers.values():
             for t in st.tensors():
                 t.index_copy_(0, idx, next(it))
-
-    def _fixed_rows(self, layer_idx: int, bucket: int) -> Tensor:
-        return self.feeds.stages[layer_idx].ple_rows[:bucket]
-
-    def _padded_rows(self, rows: StepRows, layer_idx: int, n: int, bucket: int) -> Tensor:
-        """Stage the step's n rows (once) into the fixed buffer and zero the padding rows n..bucket."""
-        rows.rows(layer_idx)
-        buf = self._fixed_rows(layer_idx, bucket)
-        buf[n:].zero_()
-        return buf

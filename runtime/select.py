@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 
 from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.modes import LayerMode, StepKind, candidates
@@ -18,6 +19,7 @@ from gdn_trt.model.modes import LayerMode, StepKind, candidates
 from .engine import Engine
 
 log = logging.getLogger("gdn_trt.runtime")
+KIND_ORDER = (StepKind.DECODE, StepKind.VERIFY, StepKind.PREFILL)  # the groups of a mixed step, in this order
 
 
 class NoEngineError(GdnTrtError, ValueError):
@@ -36,28 +38,31 @@ class Work:
 
 @dataclass(frozen=True)
 class Group:
-    """Sequences of one kind run together: the mode, one engine per layer (stack order), the CUDA-graph bucket
-    (None = eager, unpadded) and, per layer, the capture veto (None = that layer replays from a graph)."""
+    """Sequences of one kind run together: how many and their tokens, the mode, one engine per layer (stack order),
+    the CUDA-graph bucket (None = eager, unpadded) and, per layer, the capture veto (None = that layer replays from a
+    graph). `work`: the sequences, when the group was selected from `Work` items (`Selector.select`)."""
 
     kind: StepKind
     mode: LayerMode
-    work: tuple[Work, ...]
+    seqs: int
+    tokens: int
     engines: tuple[Engine, ...]
     bucket: int | None
     vetoes: tuple[str | None, ...]
+    work: tuple[Work, ...] = ()
 
-    @property
-    def tokens(self) -> int:
-        return sum(w.tokens for w in self.work)
-
-    @property
+    @cached_property  # a group is memoized by the selector: its derived names are computed once
     def path(self) -> str:
         """'graph' (every layer replays), 'eager', or 'graph+eager' (vetoed layers run eagerly in between)."""
         if self.bucket is None or all(v is not None for v in self.vetoes):
             return "eager"
         return "graph" if all(v is None for v in self.vetoes) else "graph+eager"
 
-    @property
+    @cached_property
+    def engine_names(self) -> str:
+        return "/".join(sorted({e.name for e in self.engines}))
+
+    @cached_property
     def veto(self) -> str | None:
         """The first veto reason of the step (stats and logs)."""
         return next((f"layer {e.layer_idx}: {v}" for e, v in zip(self.engines, self.vetoes) if v is not None), None)
@@ -66,7 +71,8 @@ class Group:
 @dataclass(frozen=True)
 class GraphPolicy:
     """What may be captured: `enabled` (False = every step eager), the decode `buckets`, and whether the PLE
-    prestage is hoisted before replay (`ple_hoisted`; otherwise PLE layers veto decode capture)."""
+    prestage is hoisted before replay (`ple_hoisted`; otherwise PLE layers veto decode capture, though the step
+    stages their rows when it opens either way)."""
 
     enabled: bool
     buckets: tuple[int, ...]
@@ -81,7 +87,8 @@ class Selector:
         self._said: set[str] = set()
         self.failed_buckets: dict[tuple[LayerMode, int], str] = {}
         # (kind, sequences, tokens) -> (mode, engines, bucket, vetoes): a steady decode loop selects once
-        self._memo: dict[tuple[StepKind, int, int], tuple] = {}
+        self._memo: dict[tuple[StepKind, int, int], Group] = {}
+        self._parts: dict[tuple, Engine] = {}
 
     def fail_bucket(self, mode: LayerMode, bucket: int, reason: str) -> None:
         """A graph bucket that failed its capture or acceptance gate runs eagerly from now on."""
@@ -97,25 +104,49 @@ class Selector:
     def select(self, work: list[Work]) -> list[Group]:
         """Split a step into groups (decode, verify, prefill order) and choose each one's mode, engines, bucket."""
         groups = []
-        for kind in (StepKind.DECODE, StepKind.VERIFY, StepKind.PREFILL):
+        for kind in KIND_ORDER:
             part = tuple(w for w in work if w.kind is kind)
             if part:
-                groups.append(self._group(kind, part))
+                g = self.group(kind, len(part), sum(w.tokens for w in part))
+                groups.append(Group(g.kind, g.mode, g.seqs, g.tokens, g.engines, g.bucket, g.vetoes, part))
         return groups
 
-    def _group(self, kind: StepKind, work: tuple[Work, ...]) -> Group:
-        n, tokens = len(work), sum(w.tokens for w in work)
+    def group(self, kind: StepKind, n: int, tokens: int) -> Group:
+        """The group of `n` sequences of `kind` with `tokens` tokens together (memoized: a steady decode loop
+        selects once); `NoEngineError` listing every refusal when no mode is covered by every layer."""
         key = (kind, n, tokens)
-        hit = self._memo.get(key)
-        if hit is not None:
-            return Group(kind, hit[0], work, *hit[1:])
-        g = self._choose(kind, work, n, tokens)
-        if len(self._memo) > 4096:  # prefill token counts vary without bound
-            self._memo.clear()
-        self._memo[key] = (g.mode, g.engines, g.bucket, g.vetoes)
+        g = self._memo.get(key)
+        if g is None:
+            g = self._choose(kind, n, tokens)
+            if len(self._memo) > 4096:  # prefill token counts vary without bound
+                self._memo.clear()
+            self._memo[key] = g
         return g
 
-    def _choose(self, kind: StepKind, work: tuple[Work, ...], n: int, tokens: int) -> Group:
+    def part_engine(self, g: Group, k: int, part: str) -> Engine:
+        """The engine that runs `part` ("layer" or "mixer") of the k-th layer of group `g`: the group's own engine
+        when it can, else the first candidate of that layer that runs the part in the group's mode (logged once)."""
+        eng = g.engines[k]
+        single = len(getattr(eng, "layer_ids", (eng.layer_idx,))) == 1  # a stack engine runs its layers together
+        if single and part in eng.parts():
+            return eng
+        key = (g.mode, k, part, g.bucket or g.tokens)
+        hit = self._parts.get(key)
+        if hit is None:
+            rows = g.bucket or g.seqs
+            tokens = g.tokens if g.bucket is None else rows
+            for c in self.engines[k]:
+                alone = len(getattr(c, "layer_ids", (c.layer_idx,))) == 1
+                if alone and part in c.parts() and g.mode in c.modes() and c.refuse(g.mode, rows, tokens) is None:
+                    hit = self._parts[key] = c
+                    self.say(f"layer {c.layer_idx}: {part} calls run on {c.name} ({eng.name} cannot run it alone)")
+                    break
+            else:
+                raise NoEngineError(f"no engine of layer {eng.layer_idx} runs its {part} alone in {g.mode.value}: "
+                                    f"candidates {[c.name for c in self.engines[k]]}")
+        return hit
+
+    def _choose(self, kind: StepKind, n: int, tokens: int) -> Group:
         refusals = []
         for mode in candidates(kind, n == 1):
             bucket = self._bucket(mode, n)
@@ -128,7 +159,7 @@ class Selector:
                 chosen.append(eng)
             else:
                 vetoes = tuple(self._veto(e, mode, bucket) for e in chosen)
-                g = Group(kind, mode, work, tuple(chosen), bucket, vetoes)
+                g = Group(kind, mode, n, tokens, tuple(chosen), bucket, vetoes)
                 self.say(f"{kind.value} x{n}: {mode.value} on {'/'.join(sorted({e.name for e in chosen}))}, "
                          f"{g.path}{f' (bucket {bucket})' if bucket else ''}"
                          f"{f'; {g.veto}' if g.veto else ''}")
@@ -172,5 +203,5 @@ class Selector:
         if why is None and (mode, bucket) in self.failed_buckets:
             why = f"bucket {bucket} failed its acceptance gate: {self.failed_buckets[(mode, bucket)]}"
         if why is None and set(engine.layer_ids) & self.ple_layers and not self.policy.ple_hoisted:
-            why = "PLE prestage hashes and gathers rows on the host inside the step (hoist it to capture)"
+            why = "PLE prestage kept out of capture by the session's options (ple_hoisted=False)"
         return why

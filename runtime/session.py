@@ -1,12 +1,14 @@
-"""`Session`: the public runtime API over a stack of GDN layers, owning all recurrent state.
+"""`Session`: the public runtime API over the GDN layers of a model, owning all of their state.
 
-    sess = Session.open("tiny-3.5", device="cpu", max_seqs=8)
-    seq = sess.add_sequence()                                 # a slot in every layer, zeroed
-    res = sess.prefill(seq, hidden, capture_at=64)            # res.hidden, res.capture (a snapshot at token 64)
-    outs = sess.decode({seq: h1})                             # CUDA graph unless a layer vetoes
-    outs = sess.verify({seq: h_k})                            # stash only, nothing committed
-    sess.accept({seq: j})                                     # state after draft token j-1, folded on the device
-    blob = sess.snapshot(seq); seq2 = sess.restore(blob); sess.release(seq)
+    sess = Session.open("path/to/checkpoint", device="cuda", max_seqs=64)
+    a, b = sess.add_sequence(), sess.add_sequence()           # a slot in every GDN layer, zeroed
+    with sess.begin_step([a, b], "prefill", lengths=[5, 3]) as step:    # one step of a set of sequences
+        ... y = step.mixer(i, normed_hidden) ...              # each GDN layer where the host's forward reaches it
+    with sess.begin_step(np.array([a, b]), "decode") as step:
+        y = step.run(x)                                       # a GDN-only stack: every layer (CUDA graph per bucket)
+    sess.accept({a: j})                                       # after a verify step: keep j draft tokens
+    blob = sess.snapshot(a); c = sess.restore(blob); sess.release(a)
+    outs = sess.decode({a: h1})                               # the dict API: the same step, inputs by sequence
 
 Per-sequence LoRA adapters (`RuntimeLimits.lora` sets the device adapter slots):
     sess.register_adapter("math", "adapters/math")            # a PEFT directory or a loaded `Adapter`, kept on the host
@@ -51,11 +53,15 @@ from .graphs import GraphCache
 from .plans import PlanMatch
 from .ple.feeds import PleFeeds
 from .select import GraphPolicy, Selector
-from .seqs import Prompt, SequenceError, Sequences, StepResult
+from . import request
+from .dictapi import accept, dict_step
+from .pack import PackBuffers
+from .seqs import Prompt, SeqTable, StepResult, as_seq_ids
 from .stack import Stack, StepBuffers
-from .state import Fence, SlotState, SnapshotError, StatePool
+from .state import SlotState, SnapshotError, StatePool
 from .stats import SessionStats
-from .steps import StepParts, run_step
+from .parts import StepParts
+from .steps import Step, StepError, open_step
 
 log = logging.getLogger("gdn_trt.runtime")
 
@@ -114,7 +120,8 @@ class SessionOptions:
         limits: buffer sizes (max_seqs, max_prefill_tokens, max_draft, graph buckets, PLE cache rows).
         dtype: activation dtype; None = fp32 on the CPU, the config's dtype on CUDA.
         graphs: capture decode steps as CUDA graphs where no layer vetoes (CUDA only).
-        ple_hoisted: stage PLE rows before a replay (True) or let PLE layers veto decode capture (False).
+        ple_hoisted: PLE rows are staged when a step opens either way; False makes PLE layers veto the runtime's
+            decode capture (graph segments around them: the layout before the step context, kept to compare).
         memory_budget: bytes the memory budget must fit; None = the device's free memory.
         seed: seed of the synthetic weights when the model is a preset or a config.
     """
@@ -177,7 +184,10 @@ class Session:
         return sess
 
     def __init__(self, parts: _Parts, options: SessionOptions):
-        self.cfg, self.device, self.dtype, self.options = parts.cfg, parts.device, parts.dtype, options
+        dev = parts.device  # "cuda" names the current device: compare tensors' devices with its index
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.cfg, self.device, self.dtype, self.options = parts.cfg, dev, parts.dtype, options
         self.limits = options.limits
         spec = BufferSpec(self.dtype, self.device)
         self.pool = StatePool(self.cfg, self.limits.max_seqs, spec, parts.weights)
@@ -195,9 +205,11 @@ class Session:
         self.selector = Selector(parts.engines, policy, ple)
         self._stats = SessionStats()
         self.graphs = GraphCache(self.stack, self.selector, self._stats.graphs, self.feeds)
-        self._seqs = Sequences()
+        self._seqs = SeqTable(self.limits.max_seqs, self.limits.max_draft, self.feeds is not None)
         self._steps = StepParts(self.cfg, self.limits, self.dtype, self.device, self._seqs, self.pool, self.stack,
-                                self.selector, self.graphs, self.feeds, self.adapters, self._stats)
+                                self.selector, self.graphs, self.feeds, self.adapters, self._stats,
+                                PackBuffers(self.limits.max_seqs, self.limits.max_step_tokens, self.device))
+        self._step: Step | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         log.info("session: %s, %d GDN layers, %s on %s, limits %s, graphs %s, PLE %s", self.cfg.name,
                  len(self.cfg.gdn_layer_ids), dtype_name(self.dtype), self.device, self.limits,
@@ -215,7 +227,9 @@ class Session:
 
     def unregister_adapter(self, name: str) -> None:
         """Forget an adapter; refused while a live sequence is bound to it."""
+        self._idle()
         self._slots().unregister(name, self._seqs.adapters())
+        self._seqs.forget(name)
 
     def adapter_of(self, seq: int) -> str | None:
         return self._seqs[seq].adapter
@@ -233,23 +247,40 @@ class Session:
     def add_sequence(self, adapter: str | None = None) -> int:
         """A new sequence at position 0, with a zeroed slot in every layer (and fresh PLE id carries); `adapter`:
         a registered LoRA adapter every step of the sequence applies (None = the base weights)."""
+        self._idle()
         self._check_adapter(adapter)
         return self._seqs.add(self.pool.allocate(), adapter)
 
     def release(self, seq: int) -> None:
-        s = self._seqs[seq]
-        self.pool.free(s.slot)
-        self._seqs.remove(seq)
+        self._idle()
+        self.pool.free(self._seqs.remove(seq))
 
     def position(self, seq: int) -> int:
         """Tokens committed to the sequence's state."""
-        return self._seqs[seq].position
+        return int(self._seqs.position[self._seqs.slot(seq)])
 
     @property
     def sequences(self) -> list[int]:
         return self._seqs.ids()
 
     # ---- steps ----
+    def begin_step(self, seqs: object, kind: object = "decode", lengths: object = None, token_ids: object = None,
+                   capture_at: object = None) -> Step:
+        """Open a step of the sequences `seqs [N]` (ids; numpy, a list or a CPU tensor) in the step's order.
+
+        kind: "decode", "verify" or "prefill", or one per sequence (a mixed step lists its sequences grouped:
+        decode, then verify, then prefill). lengths [N]: tokens per sequence (verify 0..max_draft drafts, prefill
+        >= 1; decode: None, one each). token_ids [T]: every token's id, packed in the step's order (PLE models
+        only). capture_at [N]: per prefill sequence, the token count after which its state is snapshotted (-1 =
+        none). The whole request is checked first (a bad one raises, naming the sequence, and changes nothing);
+        then the step binds adapters, packs the index data and stages the PLE rows. Inside, call `step.mixer`,
+        `step.layer` (each GDN layer once, in checkpoint order, with that layer's input [T, ...] in the step's order)
+        or `step.run` (the whole stack); leaving the `with` block closes it and commits. See `steps.Step`."""
+        self._idle()
+        spec = request.check(self._steps, seqs, kind, lengths, token_ids, capture_at)
+        self._step = open_step(self._steps, spec)
+        return self._step
+
     def prefill(self, seq: int, hidden: Tensor, token_ids: object = None, capture_at: int | None = None
                 ) -> PrefillResult:
         out = self.step(prefill={seq: Prompt(hidden, token_ids, capture_at)})
@@ -270,44 +301,37 @@ class Session:
 
     def step(self, decode: dict[int, Tensor] | None = None, verify: dict[int, Tensor] | None = None,
              prefill: dict[int, Prompt] | None = None, token_ids: dict[int, object] | None = None) -> StepResult:
-        """A mixed step (each sequence in one kind): validated as a whole, split into groups by kind, run."""
-        for name, d in (("decode", decode), ("verify", verify), ("prefill", prefill), ("token_ids", token_ids)):
-            if d is not None and not isinstance(d, dict):
-                raise TypeError(f"{name} takes a dict {{seq: input}}, got {type(d).__name__}")
-        return run_step(self._steps, decode or {}, verify or {}, prefill or {}, token_ids or {})
+        """A mixed step of a GDN-only stack, inputs and outputs by sequence (each sequence in one kind): one
+        `begin_step` + `run` (`dictapi.py` turns the dicts into the step's arrays and back)."""
+        self._idle()
+        return dict_step(self._steps, self.begin_step, decode, verify, prefill, token_ids)
 
     def accept(self, counts: dict[int, int]) -> None:
         """Commit `j` of each verified sequence's draft tokens: the state after draft token j-1 is folded from the
         stash into the pools on the device (j = 0 keeps the state). Clears the pending verify."""
         if not isinstance(counts, dict):
             raise TypeError(f"accept takes a dict {{seq: accepted count}}, got {type(counts).__name__}")
-        checked = []
-        for seq, j in counts.items():
-            s = self._seqs[seq]
-            p = s.pending
-            if p is None:
-                raise SequenceError(f"sequence {seq} has no verify to accept")
-            if p.epoch != self._seqs.epoch:
-                raise SequenceError(f"sequence {seq}: a later verify step overwrote its stash; verify again")
-            if not isinstance(j, (int, np.integer)) or isinstance(j, bool) or not 0 <= j <= p.count:
-                raise ValueError(f"sequence {seq}: accepted count must be an int in 0..{p.count}, got {j!r}")
-            checked.append((s, p, int(j)))
-        take = [(s, p, j) for s, p, j in checked if j > 0]
-        self.stack.buffers.fold(self.pool, [p.row + j - 1 for _, p, j in take], [s.slot for s, _, _ in take])
-        fence = Fence(self.device).record(self._stream())
-        for s, p, j in checked:
-            if j and self.feeds is not None:
-                self.feeds.commit(s.slot, p.ids[:j])
-            s.position += j
-            s.pending = None
-            self._stats.accepted += j
-        self.pool.mark_written([s.slot for s, _, _ in take], fence)
+        seqs, js = list(counts), list(counts.values())
+        for seq, j in zip(seqs, js):
+            if not isinstance(j, (int, np.integer)) or isinstance(j, bool):
+                s = self._seqs[seq]
+                n = s.pending.count if s.pending is not None else 0
+                raise ValueError(f"sequence {seq}: accepted count must be an int in 0..{n}, got {j!r}")
+        for seq in seqs:
+            self._seqs.slot(seq)  # named errors for ids that are not sequences at all
+        self.accept_batch(np.asarray(seqs, dtype=np.int64), np.asarray(js, dtype=np.int64))
+
+    def accept_batch(self, seqs: object, counts: object) -> None:
+        """`accept` for arrays: seqs [N] ids, counts [N] accepted draft tokens (checked as a whole first)."""
+        self._idle()
+        accept(self._steps, as_seq_ids(seqs), counts, self._stream())
 
     # ---- snapshots ----
     def snapshot(self, seq: int) -> bytes:
         """All of the sequence's committed state at its current token position (after its last step completed)."""
-        s = self._seqs[seq]
-        blob = self.pool.encode(self.pool.read_slot(s.slot, s.position))
+        self._idle()
+        slot = self._seqs.slot(seq)
+        blob = self.pool.encode(self.pool.read_slot(slot, int(self._seqs.position[slot])))
         self._stats.snapshots += 1
         return blob
 
@@ -316,6 +340,7 @@ class Session:
         config, other weights, a header or values the pool's schema refuses) raises `SnapshotError` before a slot
         is taken, and changes nothing. Snapshots hold recurrent state only, not adapter bindings: `adapter`
         binds one to the new sequence (the state was computed under whatever adapter the original had)."""
+        self._idle()
         self._check_adapter(adapter)
         try:
             state: SlotState = self.pool.decode(blob)
@@ -323,10 +348,10 @@ class Session:
             self._stats.rejected_snapshots += 1
             raise
         seq = self.add_sequence(adapter)
-        s = self._seqs[seq]
-        self.pool.write_slot(s.slot, state)
-        self.pool.mark_written([s.slot], Fence(self.device).record(self._stream()))
-        s.position = state.position
+        slot = self._seqs.slot(seq)
+        self.pool.write_slot(slot, state)
+        self.pool.mark_written([slot], self.pool.fence(self._stream()))
+        self._seqs.position[slot] = state.position
         self._stats.restores += 1
         self._stats.restored_tokens += state.position
         return seq
@@ -341,3 +366,8 @@ class Session:
     # ---- internals ----
     def _stream(self) -> torch.cuda.Stream | None:
         return self._steps.stream()
+
+    def _idle(self) -> None:
+        """Refuse a call that changes or reads state while a step is open (its layers may be half way)."""
+        if self._step is not None and not self._step.closed:
+            raise StepError("a step is open: close it (or leave its with block) first")

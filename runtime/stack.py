@@ -80,6 +80,17 @@ class Stack:
         self.cfg, self.pool, self.buffers = cfg, pool, buffers
         self.layer_ids = cfg.gdn_layer_ids
         self.lora: AdapterSlots | None = None  # set by the session when it has adapter slots
+        # the residual before the first layer of a decode step (<= pool slots rows; `budget.py` counts it): nothing
+        # writes it, so a host's captured graph can read it in place
+        self._zeros = None if cfg.is_hc else torch.zeros((pool.slots, cfg.hidden_size), dtype=pool.spec.act_dtype,
+                                                         device=pool.device)
+
+    def zeros(self, rows: int) -> Tensor:
+        """Zeros [rows, C] in the activation dtype (a plain layer's residual before the first layer): a view of the
+        fixed buffer for a decode step, a fresh tensor for a larger (eager) step."""
+        if rows <= self._zeros.shape[0]:
+            return self._zeros[:rows]
+        return torch.zeros((rows, self.cfg.hidden_size), dtype=self._zeros.dtype, device=self._zeros.device)
 
     def packed(self, x: Tensor, lengths: list[int], slots: list[int], adapters: list[int] | None = None) -> Packed:
         """`adapters`: the LoRA slot of each sequence (-1 = none; None = none for all), repeated over its tokens;
@@ -104,7 +115,6 @@ class Stack:
     def run(self, mode: LayerMode, engines: tuple[Engine, ...], inp: Packed, ctx: "StepContext") -> Packed:
         """Run `inp` through the layers of `engines` (one per layer of a contiguous run of the stack) and return the
         result. A stack engine (several `layer_ids`) stands at each of its layers and runs them in one call."""
-        x, residual = inp.x, inp.residual
         k = 0
         while k < len(engines):
             eng = engines[k]
@@ -113,18 +123,26 @@ class Stack:
                 n = next((j for j, e in enumerate(engines[k:k + len(ids)]) if e is not eng), len(engines) - k)
                 raise ValueError(f"{eng.name} runs layers {list(ids)} in one call but was chosen for {n} "
                                  "consecutive layers of the step")
-            calls = tuple(self._call(mode, i, inp, x, residual, ctx) for i in ids)
-            out = eng.run(calls[0], ctx.stream) if len(ids) == 1 else eng.run_layers(calls, ctx.stream)
-            x, residual = out.x, out.residual
+            if len(ids) == 1:
+                out = self.call(mode, eng, inp, ctx)
+            else:
+                out = eng.run_layers(tuple(self._call(mode, i, inp, ctx) for i in ids), ctx.stream)
+            inp = Packed(out.x, out.residual, inp.pack, inp.lora_idx)
             k += len(ids)
-        return Packed(x, residual, inp.pack, inp.lora_idx)
+        return inp
 
-    def _call(self, mode: LayerMode, i: int, inp: Packed, x: Tensor, residual: Tensor | None, ctx: "StepContext"
-              ) -> LayerCall:
-        rows = ctx.rows(i) if self.cfg.has_ple(i) else None
-        extra = self.extra(mode, i, x.shape[0], ctx.capture_at)
+    def call(self, mode: LayerMode, eng: Engine, inp: Packed, ctx: "StepContext", part: str = "layer"
+             ) -> StepOutput:
+        """One engine's layer (or its mixer alone, `part="mixer"`: `inp.x` = the normed hidden [T, C]) on `inp`:
+        its pools, the stash or capture rows the mode writes, its PLE rows and LoRA slots."""
+        return eng.run(self._call(mode, eng.layer_idx, inp, ctx, part), ctx.stream)
+
+    def _call(self, mode: LayerMode, i: int, inp: Packed, ctx: "StepContext", part: str = "layer") -> LayerCall:
+        rows = ctx.rows(i) if part == "layer" and self.cfg.has_ple(i) else None
+        extra = self.extra(mode, i, inp.x.shape[0], ctx.capture_at)
         lora = None if inp.lora_idx is None else self.lora.layer_input(i, inp.lora_idx)
-        return LayerCall(mode, StepInput(x, inp.pack, residual, rows, lora), self.pool.layers[i], extra)
+        step = StepInput(inp.x, inp.pack, inp.residual, rows, lora)
+        return LayerCall(mode, step, self.pool.layers[i], extra, part)
 
     @staticmethod
     def hidden(p: Packed) -> Tensor:

@@ -36,6 +36,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -55,6 +56,7 @@ _ENTRY_KEYS = frozenset({"name", "dtype", "shape", "offset"})
 LAYOUT = ("ssm [HV, K, V] key-dim rows; conv [W-1, conv_dim] pre-conv inputs oldest first; "
           "ple_conv [(k-1)*dilation, n*C] oldest first; ple_ids [ngram_size-1] int64 oldest first")
 _PREFIX = struct.Struct("<7sBI")
+FENCES = 8  # the ring of completion fences of a pool
 _CRC = struct.Struct("<I")
 
 
@@ -137,7 +139,12 @@ class StatePool:
         self.layers: dict[int, LayerState] = {i: LayerState.allocate(cfg, i, slots, spec) for i in cfg.gdn_layer_ids}
         self.id_carries: dict[int, IdCarries] = {}
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
-        self._fence: dict[int, Fence] = {}
+        # the fence of the step that last wrote each slot, as an index into a ring of fences (-1 = none). A fence is
+        # re-recorded when the ring comes round: a snapshot may then wait for a later step than the one that wrote
+        # its slot, never for an earlier one (the steps complete in stream order), and no event is made per step.
+        self._fence_of = np.full(slots, -1, dtype=np.int64)
+        self._ring = [Fence(self.device) for _ in range(FENCES)]
+        self._k = 0
 
     # ---- slots ----
     def attach_id_carries(self, layer_idx: int, carries: IdCarries) -> None:
@@ -160,20 +167,24 @@ class StatePool:
                 t[slot].zero_()
         for carries in self.id_carries.values():
             carries.reset(slot)
-        self._fence.pop(slot, None)
+        self._fence_of[slot] = -1
         return slot
 
     def free(self, slot: int) -> None:
         if slot < 0 or slot >= self.slots or slot in self._free:
             raise ValueError(f"slot {slot} is not allocated")
-        self._fence.pop(slot, None)
+        self._fence_of[slot] = -1
         self._free.append(slot)
 
-    def mark_written(self, slots: list[int], fence: Fence) -> None:
-        """The step whose completion `fence` marks wrote these slots: snapshots of them wait for it."""
-        for s in slots:
-            if s >= 0:
-                self._fence[s] = fence
+    def fence(self, stream: torch.cuda.Stream | None) -> Fence:
+        """A fence recorded now on `stream` (the next of the ring): pass it to `mark_written`."""
+        self._k = (self._k + 1) % FENCES
+        return self._ring[self._k].record(stream)
+
+    def mark_written(self, slots: np.ndarray | list[int], fence: Fence) -> None:
+        """The step whose completion `fence` (from `fence()`) marks wrote these slots: snapshots of them wait for
+        it."""
+        self._fence_of[slots] = self._ring.index(fence)
 
     # ---- layout ----
     def layout(self) -> tuple[TensorEntry, ...]:
@@ -191,7 +202,8 @@ class StatePool:
     def read_slot(self, slot: int, position: int) -> SlotState:
         """A host copy of `slot`'s whole state, after its last writing step completed."""
         self._check_live(slot)
-        fence = self._fence.get(slot)
+        k = int(self._fence_of[slot])
+        fence = self._ring[k] if k >= 0 else None
         if fence is not None:
             fence.wait()
         carries = {i: c.read(slot) for i, c in self.id_carries.items()}

@@ -16,25 +16,46 @@ from .select import Group
 
 @dataclass
 class KindStats:
-    """Steps of one kind: how many, how many tokens and sequences, and how they ran."""
+    """Steps of one kind: how many, how many tokens and sequences, and how they ran (modes, engines, graph-or-eager
+    paths, veto reasons: counted per group and summed when read, so a step adds two integers and one dict entry)."""
 
     steps: int = 0
     tokens: int = 0
     sequences: int = 0
-    modes: Counter = field(default_factory=Counter)  # LayerMode value -> groups
-    engines: Counter = field(default_factory=Counter)  # engine name -> groups
-    paths: Counter = field(default_factory=Counter)  # 'graph' | 'graph+eager' | 'eager' -> groups
-    vetoes: Counter = field(default_factory=Counter)  # veto reason -> groups
+    _groups: dict = field(default_factory=dict)  # id(group) -> [group, steps]
 
     def add(self, g: Group) -> None:
         self.steps += 1
         self.tokens += g.tokens
-        self.sequences += len(g.work)
-        self.modes[g.mode.value] += 1
-        self.engines["/".join(sorted({e.name for e in g.engines}))] += 1
-        self.paths[g.path] += 1
-        if g.veto:
-            self.vetoes[g.veto] += 1
+        self.sequences += g.seqs
+        e = self._groups.get(id(g))
+        if e is None or e[0] is not g:
+            e = self._groups[id(g)] = [g, 0]
+        e[1] += 1
+
+    def _count(self, key) -> Counter:
+        c: Counter = Counter()
+        for g, n in self._groups.values():
+            k = key(g)
+            if k is not None:
+                c[k] += n
+        return c
+
+    @property
+    def modes(self) -> Counter:  # LayerMode value -> groups
+        return self._count(lambda g: g.mode.value)
+
+    @property
+    def engines(self) -> Counter:  # engine names -> groups
+        return self._count(lambda g: g.engine_names)
+
+    @property
+    def paths(self) -> Counter:  # 'graph' | 'graph+eager' | 'eager' -> groups
+        return self._count(lambda g: g.path)
+
+    @property
+    def vetoes(self) -> Counter:  # veto reason -> groups
+        return self._count(lambda g: g.veto)
 
 
 @dataclass
@@ -42,6 +63,7 @@ class GraphStats:
     captured: list[str] = field(default_factory=list)  # "<mode> bucket <b>" per captured (mode, bucket)
     replays: int = 0
     gate_failures: list[str] = field(default_factory=list)
+    host_captures: list[str] = field(default_factory=list)  # "<mode> rows <r>": layer calls a host captured
 
 
 @dataclass
@@ -78,7 +100,8 @@ class SessionStats:
                      f"({self.restored_tokens} tokens reused), {self.rejected_snapshots} rejected")
         g = self.graphs
         lines.append(f"cuda graphs: {len(g.captured)} captured {g.captured}, {g.replays} replays, "
-                     f"{len(g.gate_failures)} failed the gate {g.gate_failures}")
+                     f"{len(g.gate_failures)} failed the gate {g.gate_failures}"
+                     + (f"; layer calls captured by the host: {g.host_captures}" if g.host_captures else ""))
         if self.adapters is not None:
             a = self.adapters
             lines.append(f"LoRA slots: {a.hits} hits / {a.misses} uploads, {a.evictions} evictions, "

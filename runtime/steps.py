@@ -1,12 +1,23 @@
-"""One session step: validate every sequence's input, select groups, run them, commit what each kind commits.
+"""The step context: a step of a set of sequences, opened once, its GDN layers called where the host's model needs
+them, closed once.
 
-Validation covers everything that could fail later (sequence ids and phases, shapes, dtypes, token ids, capture
-points, limits, engine coverage) and happens before the first buffer is touched, so a refused step leaves every
-pool, stash, id carry and position as it was.
+`open_step(parts, spec)` (after `request.check` accepted the request, so nothing below can fail on the request)
+binds adapters to slots, writes the step's index data (slots, cu_seqlens, capture points, LoRA slots per token)
+into a pinned buffer sent in one copy (`pack.PackBuffers`) and stages every PLE layer's rows (`ple.feeds`), so that
+a layer call only reads device buffers at fixed addresses: it does no host synchronisation and no host-to-device
+copy, and a host can capture its whole model step in a CUDA graph. `Step.close()` commits once: positions, the
+new PLE id carries and the written-slot fences (decode, prefill), the pending verifies (verify), the prefill
+captures.
 
-Commit rules: decode and prefill write the pools and advance positions and PLE id carries; verify writes only the
-stash and records a pending verify (`accept` commits); a prefill capture is serialized once its step's fence has
-completed.
+Per group the layer call runs one engine per layer: the whole decoder layer of the checkpoint (`layer`), or the
+token mixer alone (`mixer`, Hugging Face's `linear_attn`: normed hidden in, mixer output out). A decode group with a
+CUDA-graph bucket B takes either its n rows or B rows (the host's graph pads to the bucket): rows n..B are padding
+(slot -1: no state is read or written for them, their outputs are zero or garbage the host ignores).
+
+Failure: a call that is refused (out of order, a layer twice, bad shape) raises and changes nothing. A step left
+with a layer error or abandoned after some layer wrote its pools cannot be undone here: `abort` marks its sequences
+failed (the table refuses them every call but release, snapshot and restore, with the reason); one abandoned before
+any layer ran changes nothing.
 """
 
 from __future__ import annotations
@@ -17,201 +28,384 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.modes import StepKind
+from gdn_trt.plugins.packing import Packing
 
-from .adapters import AdapterSlots
-from .budget import RuntimeLimits
-from .graphs import GraphCache
-from .ple.feeds import PleFeeds, StepRows
-from .ple.hashing import as_ids
-from .select import Group, Selector, Work
-from .seqs import Pending, Prompt, Seq, SequenceError, Sequences, StepResult
-from .stack import Stack, StepContext
-from .state import Fence, SlotState, StatePool
-from .stats import SessionStats
+from .pack import PackBuffers
+from .parts import StepParts
+from .request import Part, StepSpec
+from .seqs import StepResult
+from .stack import Packed, Stack, StepContext
+from .state import Fence, SlotState
 
 
-@dataclass(frozen=True)
-class StepParts:
-    """What a step reads and writes, given once by the session: its shapes and limits, the live sequences, the layer
-    stack over the state pool, the engine selector, the CUDA-graph cache, PLE feeds, adapter slots and stats."""
-
-    cfg: GdnConfig
-    limits: RuntimeLimits
-    dtype: torch.dtype
-    device: torch.device
-    seqs: Sequences
-    pool: StatePool
-    stack: Stack
-    selector: Selector
-    graphs: GraphCache
-    feeds: PleFeeds | None
-    adapters: AdapterSlots | None
-    stats: SessionStats
-
-    def stream(self) -> torch.cuda.Stream | None:
-        return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+class StepError(GdnTrtError, RuntimeError):
+    """A step used out of turn: a layer out of order or twice, a step closed before every layer ran, a second step
+    opened while one is open, a call on a closed step."""
 
 
 @dataclass
-class _Item:
-    """One sequence's validated input."""
+class _Bound:
+    """One group's device inputs: unpadded (n sequences, their tokens) and padded to the bucket (decode groups with
+    one; otherwise the same views)."""
 
-    seq: int
-    s: Seq
-    kind: StepKind
-    hidden: Tensor  # [L, stream_dim] on the session's device
-    ids: np.ndarray | None  # [L] int64 (PLE models)
-    capture_at: int  # -1 = none
+    part: Part
+    rows: int  # padded rows (bucket) or tokens
+    pack: Packing
+    pack_pad: Packing
+    lora: Tensor | None
+    lora_pad: Tensor | None
+    ple: dict[int, Tensor]  # layer -> rows [rows, heads, d_h] (padded)
+    capture_at: Tensor | None
+
+    def __post_init__(self) -> None:
+        n = self.part.tokens
+        ple_n = {i: r[:n] for i, r in self.ple.items()}
+        self.ctx = StepContext(ple_n.__getitem__, self.capture_at, None)
+        self.ctx_pad = StepContext(self.ple.__getitem__, None, None)
+
+    def inputs(self, x: Tensor, residual: Tensor | None) -> tuple[Packed, StepContext]:
+        """Packed inputs and context for x of this group's tokens or of its padded rows."""
+        if x.shape[0] == self.part.tokens:
+            return Packed(x, residual, self.pack, self.lora), self.ctx
+        return Packed(x, residual, self.pack_pad, self.lora_pad), self.ctx_pad
 
 
-def run_step(parts: StepParts, decode: dict, verify: dict, prefill: dict, token_ids: dict) -> StepResult:
-    items = _validate(parts, decode, verify, prefill, token_ids)
-    work = [Work(it.seq, it.s.slot, it.hidden.shape[0], it.kind) for it in items]
-    groups = parts.selector.select(work) if work else []
-    by_seq = {it.seq: it for it in items}
-    result = StepResult({}, {})
-    slot_of = {}
-    if parts.adapters is not None and items:  # after every check: uploads are the step's first writes
-        slot_of = parts.adapters.assign({it.s.adapter for it in items if it.s.adapter}, parts.stream())
-    for g in groups:
-        _run_group(parts, g, [by_seq[w.seq] for w in g.work], result, slot_of)
-    return result
-
-
-def _validate(parts: StepParts, decode: dict, verify: dict, prefill: dict, token_ids: dict) -> list[_Item]:
-    items, seen = [], set()
-    for kind, part in ((StepKind.DECODE, decode), (StepKind.VERIFY, verify), (StepKind.PREFILL, prefill)):
-        if not isinstance(part, dict):
-            raise TypeError(f"{kind.value} takes a dict {{sequence: input}}, got {type(part).__name__}")
-        for seq, val in part.items():
-            s = parts.seqs[seq]
-            if seq in seen:
-                raise ValueError(f"sequence {seq} appears in more than one kind of the same step")
-            seen.add(seq)
-            if s.pending is not None:
-                raise SequenceError(f"sequence {seq} has an unaccepted verify: call accept first "
-                                    f"(accept({{{seq}: 0}}) rejects every draft)")
-            if kind is StepKind.PREFILL and not isinstance(val, Prompt):
-                raise TypeError(f"prefill of sequence {seq} takes a Prompt, got {type(val).__name__}")
-            prompt = val if isinstance(val, Prompt) else Prompt(val)
-            if prompt.token_ids is not None and seq in token_ids:
-                raise ValueError(f"sequence {seq}: token ids given twice (Prompt and token_ids)")
-            hidden = _hidden(parts, prompt.hidden, kind, seq)
-            L = hidden.shape[0]
-            ids = _token_ids(parts, prompt.token_ids if prompt.token_ids is not None else token_ids.get(seq), L, seq)
-            items.append(_Item(seq, s, kind, hidden, ids, _capture(prompt.capture_at, L, seq)))
-    extra = set(token_ids) - seen
-    if extra:
-        raise ValueError(f"token ids given for sequences that are not in the step: {sorted(extra)}")
-    lim = parts.limits
-    n_prefill = sum(it.hidden.shape[0] for it in items if it.kind is StepKind.PREFILL)
-    if n_prefill > lim.max_prefill_tokens:
-        raise ValueError(f"prefill step of {n_prefill} tokens exceeds max_prefill_tokens={lim.max_prefill_tokens}: "
-                         "prefill in chunks (each continues from the state) or raise the limit")
+def open_step(parts: StepParts, spec: StepSpec) -> "Step":
+    """Bind, pack and stage a checked step (see the module docstring)."""
+    stream = parts.stream()
+    lora_tok = None
     if parts.adapters is not None:
-        parts.adapters.check_step({it.s.adapter for it in items if it.s.adapter})
-    return items
+        lora_tok = _lora_per_token(parts, spec, stream)
+    pk = parts.pack
+    h = pk.host()
+    o_slots, o_cu, o_cap, o_lora = pk.offsets
+    seq_at = tok_at = cu_at = cap_at = 0
+    extent = 0
+    layout = []
+    for p in spec.parts:
+        g, n, T = p.group, p.n, p.tokens
+        pad = 0 if g.bucket is None else g.bucket - n  # a decode group padded to its bucket: n == T
+        h[o_slots + seq_at:o_slots + seq_at + n] = spec.slots[p.s0:p.s1]
+        h[o_slots + seq_at + n:o_slots + seq_at + n + pad] = -1
+        extent = max(extent, o_slots + seq_at + n + pad)
+        if p.kind is not StepKind.DECODE:
+            h[o_cu + cu_at:o_cu + cu_at + n + 1] = spec.cu[p.s0:p.s1 + 1] - spec.cu[p.s0]
+            extent = max(extent, o_cu + cu_at + n + 1)
+        if p.kind is StepKind.PREFILL:
+            h[o_cap + cap_at:o_cap + cap_at + n] = -1 if spec.capture_at is None else spec.capture_at[p.s0:p.s1]
+            extent = max(extent, o_cap + cap_at + n)
+        if lora_tok is not None:
+            h[o_lora + tok_at:o_lora + tok_at + T] = lora_tok[p.t0:p.t1]
+            h[o_lora + tok_at + T:o_lora + tok_at + T + pad] = -1
+            extent = max(extent, o_lora + tok_at + T + pad)
+        layout.append((p, pad, seq_at, tok_at, cu_at, cap_at))
+        seq_at, tok_at = seq_at + n + pad, tok_at + T + pad
+        if p.kind is not StepKind.DECODE:
+            cu_at += n + 1
+        if p.kind is StepKind.PREFILL:
+            cap_at += n
+    pk.send(extent)
+    binds, carries = [], []
+    for lay in layout:
+        b, c = _bind(parts, spec, lora_tok is not None, *lay, stream)
+        binds.append(b)
+        carries.append(c)
+    return Step(parts, spec, binds, carries)
 
 
-def _hidden(parts: StepParts, h: object, kind: StepKind, seq: int) -> Tensor:
-    width = parts.cfg.stream_dim
-    if not isinstance(h, Tensor):
-        raise TypeError(f"{kind.value} input of sequence {seq} must be a tensor, got {type(h).__name__}")
-    if h.is_meta or h.layout != torch.strided:
-        raise ValueError(f"{kind.value} input of sequence {seq} must be a dense tensor with data, got a "
-                         f"{'meta' if h.is_meta else h.layout} tensor")
-    if h.dim() != 2 or h.shape[1] != width:
-        raise ValueError(f"{kind.value} input of sequence {seq} must be [tokens, {width}], got {tuple(h.shape)}")
-    if h.dtype != parts.dtype:
-        raise ValueError(f"{kind.value} input of sequence {seq} is {h.dtype}, the session computes in {parts.dtype}")
-    L, lim = h.shape[0], parts.limits
-    if kind is StepKind.DECODE and L != 1:
-        raise ValueError(f"decode takes one token per sequence; sequence {seq} brings {L}")
-    if kind is StepKind.VERIFY and L > lim.max_draft:
-        raise ValueError(f"verify of sequence {seq} brings {L} draft tokens, more than max_draft={lim.max_draft}")
-    if kind is StepKind.PREFILL and L < 1:
-        raise ValueError(f"prefill of sequence {seq} brings no tokens")
-    return h.to(parts.device)
+def _lora_per_token(parts: StepParts, spec: StepSpec, stream) -> np.ndarray:
+    """The device adapter slot of every token (-1 = none), after binding the step's adapters to slots."""
+    codes = spec.adapters
+    if codes is None or not (codes >= 0).any():
+        return np.full(spec.tokens, -1, dtype=np.int64)
+    table = parts.seqs
+    names = table.adapter_names_of(codes)
+    slot_of = parts.adapters.assign(names, stream)
+    lut = np.full(len(table.adapter_names) + 1, -1, dtype=np.int64)  # code -1 reads the last entry: -1
+    for name, slot in slot_of.items():
+        lut[table.code(name)] = slot
+    return np.repeat(lut[codes], spec.lengths)
 
 
-def _token_ids(parts: StepParts, ids: object, L: int, seq: int) -> np.ndarray | None:
-    if parts.feeds is None:
-        if ids is not None:
-            raise ValueError(f"sequence {seq}: this model has no PLE layer, so it takes no token ids")
-        return None
-    if ids is None:
-        raise ValueError(f"sequence {seq}: PLE layers {sorted(parts.feeds.layers)} need the token ids of every token")
-    a = as_ids(ids, f"token ids of sequence {seq}")
-    if a.shape != (L,):
-        raise ValueError(f"token ids of sequence {seq} must be [{L}], got shape {a.shape}")
-    parts.feeds.check_ids(a, f"sequence {seq}")
-    return a
+def _bind(parts: StepParts, spec: StepSpec, lora: bool, p: Part, pad: int, seq_at: int, tok_at: int, cu_at: int,
+          cap_at: int, stream) -> tuple[_Bound, dict[int, np.ndarray]]:
+    """A group's device views (memoized by layout: the same views every step of the same shape) and its staged PLE
+    rows; returns the bound group and the PLE carries after the step (none for a verify)."""
+    pk, n, T = parts.pack, p.n, p.tokens
+    ple, new = {}, {}
+    if parts.feeds is not None:
+        local_cu = spec.cu[p.s0:p.s1 + 1] - spec.cu[p.s0]
+        ple, new = parts.feeds.stage(spec.slots[p.s0:p.s1], spec.ids[p.t0:p.t1], local_cu, tok_at, pad, stream)
+        if p.kind is StepKind.VERIFY:
+            new = {}
+    key = (id(p), pad, seq_at, tok_at, cu_at, cap_at, lora)  # the memo keeps p alive: its id stays its own
+    b = pk.memo.get(key)
+    if b is None or b.part is not p:
+        pack, pack_pad, lora_n, lora_pad, cap = _views(pk, p.kind, n, T, pad, seq_at, tok_at, cu_at, cap_at, lora)
+        b = pk.remember(key, _Bound(p, T + pad, pack, pack_pad, lora_n, lora_pad, ple, cap))
+    return b, new
 
 
-def _capture(at: object, L: int, seq: int) -> int:
-    if at is None:
-        return -1
-    if not isinstance(at, (int, np.integer)) or isinstance(at, bool) or not 0 <= at <= L:
-        raise ValueError(f"capture_at of sequence {seq} must be an int in 0..{L}, got {at!r}")
-    return int(at)
-
-
-def _run_group(parts: StepParts, g: Group, items: list[_Item], result: StepResult, slot_of: dict[str, int]
-               ) -> None:
-    dev, stream = parts.device, parts.stream()
-    lengths, slots = [it.hidden.shape[0] for it in items], [it.s.slot for it in items]
-    x = torch.cat([it.hidden for it in items])
-    rows = StepRows(parts.feeds, [(it.s.slot, it.ids) for it in items] if parts.feeds else [],
-                    commit=g.kind is not StepKind.VERIFY, stream=stream)
-    capture_at = None
-    cap_carries = {}
-    if g.kind is StepKind.PREFILL:
-        capture_at = torch.tensor([it.capture_at for it in items], dtype=torch.int32, device=dev)
-        if parts.feeds is not None:  # before the step: staging advances the carries
-            cap_carries = {it.seq: parts.feeds.carries_after(it.s.slot, it.ids[:it.capture_at])
-                           for it in items if it.capture_at >= 0}
-    ctx = StepContext(rows.rows, capture_at, stream)
-    adapters = [slot_of[it.s.adapter] if it.s.adapter else -1 for it in items]
-    packed = parts.stack.packed(x, lengths, slots, adapters)
-    if g.path == "eager":
-        hidden = Stack.hidden(parts.stack.run(g.mode, g.engines, packed, ctx))
+def _views(pk: PackBuffers, kind: StepKind, n: int, T: int, pad: int, seq_at: int, tok_at: int, cu_at: int,
+           cap_at: int, lora: bool) -> tuple:
+    """A group's device views of the index buffer (the same for every step of the same layout: memoized)."""
+    slots = pk.view("slots", seq_at, n + pad)
+    if kind is StepKind.DECODE:
+        pack_pad = Packing(pk.cu_decode[:n + pad + 1], slots)
+        pack = Packing(pk.cu_decode[:n + 1], slots[:n])
     else:
-        hidden = parts.graphs.run(g, packed, ctx, rows)
-    # no rows.rearm(): the uploads, the layers and the replays share one stream, so stream order already keeps
-    # the next upload from overwriting rows a step still reads (rearm exists for a consumer on another stream)
-    fence = Fence(dev).record(stream)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-    for it, a, b in zip(items, offsets, offsets[1:]):
-        result.outputs[it.seq] = hidden[a:b]
-    if g.kind is StepKind.VERIFY:
-        parts.seqs.epoch += 1
-        for it, a in zip(items, offsets):
-            it.s.pending = _pending(parts.seqs.epoch, a, it)
-        parts.stats.drafted += sum(lengths)
-    else:
-        parts.pool.mark_written(slots, fence)
-        for it in items:
-            it.s.position += it.hidden.shape[0]
-    if g.kind is StepKind.PREFILL:
-        _captures(parts, items, cap_carries, fence, result)
-    parts.stats.kinds[g.kind].add(g)
+        pack = pack_pad = Packing(pk.view("cu", cu_at, n + 1), slots)
+    lora_pad = pk.view("lora", tok_at, T + pad) if lora else None
+    cap = pk.view("cap", cap_at, n) if kind is StepKind.PREFILL else None
+    return pack, pack_pad, None if lora_pad is None else lora_pad[:T], lora_pad, cap
 
 
-def _pending(epoch: int, row: int, it: _Item) -> Pending:
-    ids = it.ids if it.ids is not None else np.zeros(0, dtype=np.int64)
-    return Pending(epoch, row, it.hidden.shape[0], ids)
+class Step:
+    """An open step (`Session.begin_step`); use it as a context manager or close it.
 
+    Attributes: `seqs`, `lengths` [N] (the step's order), `tokens` (rows of the per-layer inputs), `bucket` (the
+    CUDA-graph bucket of a step of decode sequences only: its layer calls also take `bucket` rows, padding after
+    the `tokens` real ones, which a host's own graph of the step pads to; None for other steps and without CUDA
+    graphs), `captures` (after close: prefill snapshots by sequence).
+    """
 
-def _captures(parts: StepParts, items: list[_Item], carries: dict, fence: Fence, result: StepResult) -> None:
-    """Serialize each requested capture point (after the step completed: the commit fence)."""
-    caps = [(n, it) for n, it in enumerate(items) if it.capture_at >= 0]
-    if not caps:
-        return
-    fence.wait()
-    for n, it in caps:
-        tensors = parts.pool.rows_of(parts.stack.buffers.capture, n, carries.get(it.seq, {}))
-        pos = it.s.position - it.hidden.shape[0] + it.capture_at
-        result.captures[it.seq] = parts.pool.encode(SlotState(tensors, pos))
-        parts.stats.captures += 1
+    def __init__(self, parts: StepParts, spec: StepSpec, binds: list[_Bound], carries: list[dict]):
+        self._p, self._spec, self._binds, self._carries = parts, spec, binds, carries
+        self.seqs, self.lengths, self.tokens = spec.seqs, spec.lengths, spec.tokens
+        self.bucket = binds[0].part.group.bucket if len(binds) == 1 else None
+        self._layers = parts.cfg.gdn_layer_ids
+        self._next = 0  # position in _layers of the next layer to call
+        self._ran = False  # some layer ran: the pools may have been written
+        self._captured = False  # layer calls recorded by a CUDA-graph capture
+        self.closed = False
+        self.captures: dict[int, bytes] = {}
+
+    # ---- the layers ----
+    def mixer(self, layer_idx: int, h: Tensor) -> Tensor:
+        """GDN layer `layer_idx`'s token mixer (Hugging Face's `linear_attn`): h = the normed hidden [rows, C] of
+        the step's tokens in the step's order -> the mixer output [rows, C]. rows = `tokens` (or `bucket`)."""
+        return self._call(layer_idx, h, None, "mixer")
+
+    def layer(self, layer_idx: int, x: Tensor, residual: Tensor | None = None):
+        """GDN layer `layer_idx` as the checkpoint's decoder layer (its input norm, mixer, and where the layer has
+        them its dense MLP, hyper-connections and PLE). Plain models: x = the hidden state [rows, C] -> the hidden
+        state after the layer; or, given the running `residual`, x = the previous sublayer's output and the result
+        is the pair (output, residual) (the add is fused into the norm). hc models: the streams [rows, n*C] in and
+        out."""
+        out = self._call(layer_idx, x, residual, "layer")
+        if out.residual is None:
+            return out.x
+        return (out.x, out.residual) if residual is not None else out.x + out.residual
+
+    def run(self, x: Tensor) -> Tensor:
+        """Every GDN layer in turn on x [tokens, stream_dim] (a stack of GDN layers only: nothing of the host's
+        runs between them) -> the hidden state after the last layer (plain: its residual added; hc: the streams).
+        A decode group replays its CUDA graph where it has one."""
+        self._turn(self._layers[0] if self._layers else -1)
+        self._check_x(x, self._p.cfg.stream_dim, allow_pad=False)
+        outs = []
+        self._ran = True
+        for b in self._binds:
+            xg = x[b.part.t0:b.part.t1] if len(self._binds) > 1 else x
+            outs.append(self._run_group(b, xg))
+        self._next = len(self._layers)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def replayed(self) -> None:
+        """Declare that the host replayed a CUDA graph that captured this kind of step's layer calls (an earlier step
+        of the same decode bucket, whose calls ran under stream capture): every layer counts as called."""
+        self._turn(self._layers[0] if self._layers else -1)
+        b = self._binds[0]
+        key = (b.part.group.mode, b.rows)
+        if len(self._binds) != 1 or key not in self._p.graphs.host_captures:
+            raise StepError(f"replayed(): no step of {b.part.group.mode.value} with {b.rows} rows had its layer calls "
+                            "captured in a CUDA graph; capture one first (call the layers under torch.cuda.graph)")
+        self._ran = True
+        self._next = len(self._layers)
+
+    # ---- closing ----
+    def close(self) -> StepResult:
+        """Commit the step (see the module docstring); refused, changing nothing, while a layer was not called."""
+        self._open()
+        if self._next != len(self._layers):
+            missing = list(self._layers[self._next:])
+            raise StepError(f"step closed before GDN layers {missing} were called (call them, or abort())")
+        if self._captured:
+            b = self._binds[0]
+            key = (b.part.group.mode, b.rows)
+            if key not in self._p.graphs.host_captures:
+                self._p.graphs.host_captures.add(key)
+                self._p.stats.graphs.host_captures.append(f"{key[0].value} rows {key[1]}")
+        self._commit()
+        self.closed = True
+        return StepResult({}, self.captures)
+
+    def abort(self, reason: str = "aborted by the host") -> None:
+        """Give the step up. Before any layer ran nothing changes; after, its sequences are marked failed."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._ran:
+            table = self._p.seqs
+            table.failed[self._spec.slots] = True
+            table.block(self._spec.slots)
+            for s in self._spec.slots.tolist():
+                table.fail_reason[s] = f"a step was abandoned after its layers had started: {reason}"
+
+    def __enter__(self) -> "Step":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.closed:
+            return
+        if exc_type is not None:
+            self.abort(f"{exc_type.__name__}: {exc}")
+            return
+        try:
+            self.close()
+        except StepError as e:
+            self.abort(str(e))
+            raise
+
+    # ---- internals ----
+    def _open(self) -> None:
+        if self.closed:
+            raise StepError("this step is closed")
+
+    def _turn(self, layer_idx: int) -> int:
+        self._open()
+        k = self._next
+        if k >= len(self._layers):
+            raise StepError(f"every GDN layer of this step was called already (layer {layer_idx} again)")
+        if layer_idx != self._layers[k]:
+            done = list(self._layers[:k])
+            raise StepError(f"GDN layer {self._layers[k]} is next (called so far: {done}), got layer {layer_idx!r}: "
+                            "call each GDN layer once, in checkpoint order")
+        return k
+
+    def _check_x(self, x: object, width: int, allow_pad: bool) -> None:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"a layer input must be a tensor, got {type(x).__name__}")
+        if x.layout != torch.strided or x.is_meta:
+            raise ValueError(f"a layer input must be a dense tensor with data, got a "
+                             f"{'meta' if x.is_meta else x.layout} tensor")
+        rows = (self.tokens, self.bucket) if allow_pad and self.bucket else (self.tokens,)
+        if x.dim() != 2 or x.shape[1] != width or x.shape[0] not in rows:
+            raise ValueError(f"a layer input of this step must be [{' or '.join(map(str, rows))}, {width}], got "
+                             f"{tuple(x.shape)}")
+        if x.dtype != self._p.dtype or x.device != self._p.device:
+            raise ValueError(f"a layer input must be {self._p.dtype} on {self._p.device}, got {x.dtype} on "
+                             f"{x.device}")
+
+    def _call(self, layer_idx: int, x: Tensor, residual: Tensor | None, part: str):
+        k = self._turn(layer_idx)
+        cfg = self._p.cfg
+        self._check_x(x, cfg.hidden_size if part == "mixer" else cfg.stream_dim, allow_pad=True)
+        if part == "mixer" and cfg.has_ple(layer_idx):
+            raise ValueError(f"layer {layer_idx} has PLE, whose state the runtime owns: call step.layer({layer_idx}, "
+                             "streams), not its mixer alone")
+        if residual is not None:
+            if cfg.is_hc:
+                raise ValueError("hc layers take the streams and no residual")
+            if not isinstance(residual, Tensor) or residual.shape != x.shape or residual.dtype != x.dtype:
+                raise ValueError(f"residual must be a tensor like x {tuple(x.shape)}, got "
+                                 f"{getattr(residual, 'shape', type(residual).__name__)}")
+        elif part == "layer" and not cfg.is_hc:
+            residual = self._zero_rows(x.shape[0])
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        engines = [self._engine(b, k, part, capturing) for b in self._binds]
+        self._ran = True
+        self._captured = self._captured or capturing
+        if len(self._binds) == 1:
+            inp, ctx = self._binds[0].inputs(x, residual)
+            out = self._p.stack.call(self._binds[0].part.group.mode, engines[0], inp, ctx, part)
+        else:
+            outs = []
+            for b, eng in zip(self._binds, engines):
+                r = None if residual is None else residual[b.part.t0:b.part.t1]
+                inp, ctx = b.inputs(x[b.part.t0:b.part.t1], r)
+                outs.append(self._p.stack.call(b.part.group.mode, eng, inp, ctx, part))
+            out = type(outs[0])(torch.cat([o.x for o in outs]),
+                                None if outs[0].residual is None else torch.cat([o.residual for o in outs]))
+        self._next = k + 1
+        return out.x if part == "mixer" else out
+
+    def _engine(self, b: _Bound, k: int, part: str, capturing: bool):
+        g = b.part.group
+        eng = self._p.selector.part_engine(g, k, part)
+        if capturing:
+            why = eng.capture_veto(g.mode)
+            if why is not None:
+                raise StepError(f"layer {eng.layer_idx} cannot be captured in a CUDA graph: {why}")
+        return eng
+
+    def _zero_rows(self, rows: int) -> Tensor:
+        """A zero residual for the first add of a plain layer called with the hidden state (never written)."""
+        return self._p.stack.zeros(rows)
+
+    def _run_group(self, b: _Bound, x: Tensor) -> Tensor:
+        p, g = self._p, b.part.group
+        if g.bucket is not None and g.path != "eager":
+            out = p.graphs.run(g, Packed(x, None, b.pack_pad, b.lora_pad), b.ctx_pad)
+            if out is not None:
+                return out
+        inp, ctx = b.inputs(x, None if p.cfg.is_hc else self._zero_rows(x.shape[0]))
+        return Stack.hidden(p.stack.run(g.mode, g.engines, inp, ctx))
+
+    def _commit(self) -> None:
+        p, spec = self._p, self._spec
+        fence = p.pool.fence(p.stream())
+        table = p.seqs
+        written = []
+        for b, carries in zip(self._binds, self._carries):
+            part = b.part
+            slots, L = spec.slots[part.s0:part.s1], spec.lengths[part.s0:part.s1]
+            if part.kind is StepKind.VERIFY:
+                self._pending(part, slots, L)
+            else:
+                written.append(slots)
+                if part.kind is StepKind.PREFILL and spec.capture_at is not None:
+                    self._captures(b, slots, L, fence)
+                table.position[slots] += L
+                if carries:
+                    p.feeds.commit(slots, carries)
+            p.stats.kinds[part.kind].add(part.group)
+        if written:
+            p.pool.mark_written(np.concatenate(written) if len(written) > 1 else written[0], fence)
+
+    def _pending(self, part: Part, slots: np.ndarray, L: np.ndarray) -> None:
+        table, spec = self._p.seqs, self._spec
+        table.epoch += 1
+        table.pend_epoch[slots] = table.epoch
+        table.block(slots)
+        table.pend_row[slots] = spec.cu[part.s0:part.s1] - spec.cu[part.s0]
+        table.pend_count[slots] = L
+        if table.pend_ids is not None and part.tokens:
+            rows = np.repeat(slots, L)
+            cols = np.arange(part.tokens) - np.repeat(table.pend_row[slots], L)
+            table.pend_ids[rows, cols] = spec.ids[part.t0:part.t1]
+        self._p.stats.drafted += part.tokens
+
+    def _captures(self, b: _Bound, slots: np.ndarray, L: np.ndarray, fence: Fence) -> None:
+        """Serialize each requested capture point (after the step completed: the commit fence)."""
+        p, spec = self._p, self._spec
+        part = b.part
+        at = spec.capture_at[part.s0:part.s1]
+        want = np.flatnonzero(at >= 0)
+        if not want.size:
+            return
+        fence.wait()
+        carries = {}
+        if p.feeds is not None:
+            cu = np.zeros(want.size + 1, dtype=np.int64)
+            np.cumsum(at[want], out=cu[1:])
+            starts = spec.cu[part.s0 + want]
+            ids = np.concatenate([spec.ids[s:s + n] for s, n in zip(starts.tolist(), at[want].tolist())])
+            carries = p.feeds.carries_after(slots[want], ids, cu)
+        for j, n in enumerate(want.tolist()):
+            tensors = p.pool.rows_of(p.stack.buffers.capture, n, {i: c[j].tolist() for i, c in carries.items()})
+            pos = int(p.seqs.position[slots[n]]) + int(at[n])
+            self.captures[int(spec.seqs[part.s0 + n])] = p.pool.encode(SlotState(tensors, pos))
+            p.stats.captures += 1

@@ -41,3 +41,17 @@ def test_cited_doc_sections_exist():
                 cited += 1
                 assert a in slugs, f"{p.relative_to(ROOT)} cites docs/{page}.md#{a}; headings: {sorted(slugs)}"
     assert cited >= 10  # the code does cite the math page
+
+
+def test_readme_runtime_snippets_run_as_written(tmp_path, monkeypatch, capsys):
+    """The README's real-model section runs as written: its python blocks in order, in one namespace."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## The runtime in a real model", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) >= 2
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the snippet is the test's subject
+    assert capsys.readouterr().out.startswith("4 4\n")
+    assert namespace["y"].shape == (2, namespace["stack"].cfg.hidden_size)

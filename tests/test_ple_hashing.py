@@ -167,6 +167,28 @@ def test_packed_equals_per_sequence_and_hf() -> None:
         assert new_carries[k].tolist() == want_carry.tolist()
 
 
+@pytest.mark.parametrize("ngram_size", [2, 3, 4])
+def test_decode_step_equals_packed_path_and_hf(ngram_size: int) -> None:
+    """A decode step (one id per sequence: its history is its carry) takes a shortcut; it gives the packed path's
+    rows and carries (forced by an empty sequence at the end) and HF's rows, EOS histories included."""
+    cfg = _small_cfg(ngram_size=ngram_size)
+    h = NgramHasher.for_layer(cfg, 1)
+    m, _ = _hf_ids_module(cfg, 1)
+    rng = np.random.default_rng(ngram_size)
+    hist = [_random_ids(rng, k, cfg.vocab_size, cfg.eos_token_id) for k in (0, 1, 2, 7, 9, 12)]
+    hist[3][-1] = cfg.eos_token_id  # the token before the new one is EOS
+    carries = np.stack([h.hash_sequence(x)[1] for x in hist])
+    ids = rng.integers(0, cfg.vocab_size, len(hist))
+    ids[4] = cfg.eos_token_id
+    fast = h.hash_packed(ids, np.arange(len(hist) + 1), carries)
+    slow = h.hash_packed(ids, np.concatenate([np.arange(len(hist) + 1), [len(hist)]]),
+                         np.concatenate([carries, h.initial_carry(1)]))
+    assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1][:-1])
+    for k, x in enumerate(hist):
+        full = np.concatenate([x, ids[k:k + 1]]).astype(np.int64)
+        assert np.array_equal(fast[0][k], _hf_rows(m, full)[-1])
+
+
 def test_bad_input_raises() -> None:
     h = NgramHasher.for_layer(_small_cfg(), 1)
     V = h.vocab_size

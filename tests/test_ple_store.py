@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -130,3 +131,47 @@ def test_bad_construction(tmp_path: Path) -> None:
         RowStore(PleTable(t.path, 11, 4, "float32"), cache_rows=1)
     with pytest.raises(ValueError, match="dtype"):
         RowStore(PleTable(t.path, 10, 4, "int8"), cache_rows=1)
+
+
+class _Reference:
+    """The documented policy written the plain way (an OrderedDict): the oracle of the array-based index."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.lru, self.hits, self.misses, self.evictions = capacity, OrderedDict(), 0, 0, 0
+
+    def gather(self, rows: list[int]) -> None:
+        seen: list[int] = []
+        for r in rows:
+            if r not in seen:
+                seen.append(r)
+        cached = [r for r in seen if r in self.lru]
+        new = [r for r in seen if r not in self.lru]
+        self.hits += len(rows) - len(new)
+        self.misses += len(new)
+        for r in cached:
+            self.lru.move_to_end(r)
+        if self.capacity == 0:
+            return
+        for r in new:
+            if len(self.lru) >= self.capacity:
+                self.lru.popitem(last=False)
+                self.evictions += 1
+            self.lru[r] = True
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 3, 64])
+def test_random_gathers_follow_the_policy(tmp_path: Path, capacity: int) -> None:
+    """Thousands of Zipf-distributed references (repeats, churn past the capacity, enough deletions to rebuild the
+    row table and compact the recency queue): counters, cache order and rows equal the plain reference's."""
+    t = _table(tmp_path, 3000, 4, "float32")
+    ref_rows = load_table(t)
+    store, ref = RowStore(t, cache_rows=capacity), _Reference(capacity)
+    rng = np.random.default_rng(capacity)
+    for k in range(400):
+        rows = (rng.zipf(1.4, int(rng.integers(1, 120))) + k) % 3000
+        out = _gather(store, rows.tolist())
+        ref.gather(rows.tolist())
+        assert torch.equal(out, ref_rows[torch.from_numpy(rows)])
+        c = store.counters()
+        assert (c.hits, c.misses, c.evictions, c.resident) == (ref.hits, ref.misses, ref.evictions, len(ref.lru)), k
+        assert store.cached_rows() == list(ref.lru), k

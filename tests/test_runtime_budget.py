@@ -46,7 +46,7 @@ def held_tensors(root) -> dict[tuple[int, str], int]:
 @pytest.mark.parametrize("name", [PLAIN, HC_PLE])
 def test_budget_matches_what_a_session_allocates(name):
     """Row by row, the budget equals the bytes of the tensors a session holds (pools, stashes, captures, weights,
-    LoRA slots, PLE staging and host row cache), and those rows add up to every tensor reachable from the session:
+    LoRA slots, the step's index buffers, PLE staging and host row cache), and those rows add up to every tensor reachable from the session:
     nothing it allocates is left out. The weights row is the layers' one copy, which TensorRT plans bind as
     inputs (docs/tensorrt.md, weights held once); prefill activations are transient (an upper estimate, not held)."""
     limits = replace(LIMITS, lora=LoraLimits(max_adapters=2, max_rank=4))
@@ -63,10 +63,14 @@ def test_budget_matches_what_a_session_allocates(name):
     assert rows["prefill capture"].device == capture
     assert rows["weights"].device == weights
     assert rows["LoRA slots"].device == lora
-    held = pools + stash + capture + weights + lora
+    pk = s._steps.pack
+    step_bufs = _bytes([pk.dev, pk.cu_decode, s.stack._zeros])
+    step_host = _bytes(pk._host)
+    assert rows["step buffers"].device == step_bufs and rows["step buffers"].host == step_host
+    held = pools + stash + capture + weights + lora + step_bufs + step_host
     if s.feeds is not None:
         staged = _bytes(p.ple_rows for p in s.feeds.stages.values())
-        host = _bytes(p.staging for p in s.feeds.stages.values())
+        host = _bytes(t for p in s.feeds.stages.values() for t in p._staging)
         cache = _bytes(p.store._cache for p in s.feeds.stages.values())
         assert rows["PLE staging"].device == staged and rows["PLE staging"].host == host
         assert rows["PLE host row cache"].host == cache

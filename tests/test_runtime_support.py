@@ -68,10 +68,8 @@ def fingerprint(sess: Session) -> str:
         for t in (x for x in (st.conv, st.ssm, st.ple_conv) if x is not None):
             h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
     if sess.feeds is not None:
-        for p in sess.feeds.stages.values():
-            for s in range(sess.limits.max_seqs):
-                if s in p:
-                    h.update(p.get_carry(s).tobytes())
+        for c in sess.feeds.carry.values():  # every slot's PLE id carry
+            h.update(c.tobytes())
     for seq, s in sorted(sess._seqs.items()):
         h.update(repr((seq, s.slot, s.position, None if s.pending is None else
                        (s.pending.epoch, s.pending.row, s.pending.count))).encode())

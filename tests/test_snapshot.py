@@ -129,5 +129,5 @@ def test_capture_blob_restores_with_its_position_and_carries():
     res = s.prefill_batch({a: Prompt(h, ids, capture_at=4)})[a]
     r = s.restore(res.capture)
     assert s.position(r) == 4
-    carry = s.feeds.stages[1].get_carry(s._seqs[r].slot)
+    carry = s.feeds.carry[1][s._seqs[r].slot]
     assert carry.tolist() == ids[2:4].tolist()

@@ -106,20 +106,34 @@ class NgramHasher:
         Returns (rows [T, heads] int64 global rows, new carries [N, context]); the inputs are not modified.
         """
         ids, cu, carries = self._check(ids, cu_seqlens, carries)
+        return self.hash_checked(ids, cu, carries, ids.size == carries.shape[0] and bool((np.diff(cu) == 1).all()))
+
+    def hash_checked(self, ids: IdArray, cu: IdArray, carries: IdArray, one_each: bool) -> tuple[IdArray, IdArray]:
+        """`hash_packed` for inputs the caller checked (int64 arrays, ids in the vocabulary, cu rising from 0 to T,
+        carries [N, context] of the vocabulary: the session checks them once per step); `one_each`: every sequence
+        brings exactly one id (a decode step), whose history is its carry alone."""
         n, c = carries.shape
-        lens = np.diff(cu)
-        # per-sequence history = carry ++ ids, packed: sequence k occupies [cu[k] + c*k, cu[k+1] + c*(k+1))
-        seq_of_token = np.repeat(np.arange(n), lens)
-        tok_pos = np.arange(ids.size) + c * (seq_of_token + 1)
-        hist = np.empty(ids.size + n * c, dtype=np.int64)
-        hist[tok_pos] = ids
-        carry_pos = (cu[:-1] + c * np.arange(n))[:, None] + np.arange(c)[None, :]
-        hist[carry_pos] = carries
+        if one_each and c:
+            # a decode step (one id per sequence, its history is its carry): the same shifts without packing
+            shifts = [carries[:, c - s] for s in range(1, self.ngram_size)]
+            new_carries = np.concatenate([carries[:, 1:], ids[:, None]], axis=1)
+        else:
+            lens = np.diff(cu)
+            # per-sequence history = carry ++ ids, packed: sequence k occupies [cu[k] + c*k, cu[k+1] + c*(k+1))
+            seq_of_token = np.repeat(np.arange(n), lens)
+            tok_pos = np.arange(ids.size) + c * (seq_of_token + 1)
+            hist = np.empty(ids.size + n * c, dtype=np.int64)
+            hist[tok_pos] = ids
+            carry_pos = (cu[:-1] + c * np.arange(n))[:, None] + np.arange(c)[None, :]
+            hist[carry_pos] = carries
+            shifts = [hist[tok_pos - s] for s in range(1, self.ngram_size)]
+            # new carry = the last c ids of each history (the old carry itself when the sequence brought no ids)
+            ends = cu[1:] + c * np.arange(1, n + 1)
+            new_carries = hist[ends[:, None] - c + np.arange(c)[None, :]]
         # shifted[s] = id s positions back, EOS once a shift would cross an EOS (s <= c keeps it in the history)
         shifted = [ids]
         cut = np.zeros(ids.size, dtype=bool)
-        for s in range(1, self.ngram_size):
-            raw = hist[tok_pos - s]
+        for raw in shifts:
             shifted.append(np.where(cut, self.eos, raw))
             cut |= raw == self.eos
         rows = np.empty((ids.size, self.heads), dtype=np.int64)
@@ -128,10 +142,8 @@ class NgramHasher:
             # one mix per n-gram order; its K heads differ only by their prime modulus
             mix = mix ^ (shifted[order - 1] * self._mult[order - 1])
             h = slice((order - 2) * self.heads_per_ngram, (order - 1) * self.heads_per_ngram)
-            rows[:, h] = mix[:, None] % self._sizes[None, h] + self._offsets[None, h]
-        # new carry = the last c ids of each history (the old carry itself when the sequence brought no ids)
-        ends = cu[1:] + c * np.arange(1, n + 1)
-        new_carries = hist[ends[:, None] - c + np.arange(c)[None, :]]
+            np.remainder(mix[:, None], self._sizes[None, h], out=rows[:, h])
+        rows += self._offsets
         return rows, new_carries
 
     def _check(self, ids: object, cu_seqlens: object, carries: object) -> tuple[IdArray, IdArray, IdArray]:

@@ -1,19 +1,24 @@
 """Per-step PLE prestage: hash a step's token ids, gather their rows on the host, upload them into a fixed device buffer.
 
 One `Prestage` per PLE layer. Per step ("hoisted input", docs/math.md#host-side):
-    ids -> hash (with each sequence's host-owned id carry) -> gather rows (LRU cache / file fault-in) into a host
-    staging buffer (pinned when the device is CUDA) -> one non-blocking copy into `ple_rows [max_tokens, heads, d_h]`
-    on the device -> id carries advanced.
+    ids -> hash (with each sequence's host-owned id carry, all sequences at once) -> gather rows (LRU cache / file
+    fault-in) into a host staging buffer (pinned when the device is CUDA) -> one non-blocking copy into
+    `ple_rows [max_tokens, heads, d_h]` on the device -> id carries advanced.
 `ple_rows` is allocated once and never moves, so an engine or a captured CUDA graph can bind its address; the
-rows of a step occupy `ple_rows[:T]` in the packed token order of the step's sequences.
+rows of a step occupy `ple_rows[at:at + T]` in the packed token order of the step's sequences (`put`), followed by
+`pad` zero rows for the padding sequences of a CUDA-graph bucket.
 
-Ordering rules (why the events): the copy is asynchronous, so the staging buffer must not be rewritten before the
-previous copy has read it (a CUDA event recorded after each copy is waited on before the next gather), and
-`ple_rows` must not be rewritten while a graph replay may still read it (`rearm(consumed=event)` makes the next
-upload wait on the replay's event on the device, without a host sync). On the CPU both are trivially satisfied.
+Ordering rules (why the events): the copy is asynchronous, so a staging buffer must not be rewritten before the
+copy that last read it has run: there are two, used in turn, each with a CUDA event recorded after its copy and
+waited on before it is refilled, so the host can prepare a step while the copy of the one before is still queued
+behind the GPU. `ple_rows` must not be rewritten while a graph replay may still read it (`rearm(consumed=event)`
+makes the next upload wait on the replay's event on the device, without a host sync). On the CPU both are trivially
+satisfied.
 
-Carries are per sequence key and change only when a stage succeeds, so a failed stage leaves them as they were
-and the runtime can snapshot (`get_carry`) and restore (`set_carry`) them with the rest of a sequence's state.
+Carries: the keyed API (`add_carry`, `stage`) keeps them per sequence key and changes them only when a stage
+succeeds, so a failed stage leaves them as they were and the runtime can snapshot (`get_carry`) and restore
+(`set_carry`) them. A session keeps its carries itself, in arrays by pool slot (`feeds.PleFeeds`), and calls the
+pure parts: `hasher.hash_packed` (ids and carries in, rows and new carries out) and `put` (rows in, device view out).
 """
 
 from __future__ import annotations
@@ -65,9 +70,12 @@ class Prestage:
         self.store = RowStore(table, cache_rows=cache_rows)
         shape = (self.max_tokens, self.hasher.heads, t.dim)
         # pinned staging lets the copy run truly asynchronously; pinning needs CUDA, and CPU targets gain nothing
-        self.staging = torch.empty(shape, dtype=self.store.dtype, pin_memory=self.device.type == "cuda")
+        cuda = self.device.type == "cuda"
+        # two, used in turn (the module docstring); the CPU runs the same path (so it holds what budget.py counts)
+        self._staging = [torch.empty(shape, dtype=self.store.dtype, pin_memory=cuda) for _ in range(2)]
+        self._copy_done: list[torch.cuda.Event | None] = [None] * len(self._staging)  # after each one's last upload
+        self._k = 0
         self.ple_rows = torch.zeros(shape, dtype=self.store.dtype, device=self.device)
-        self._copy_done: torch.cuda.Event | None = None  # recorded after the last upload (CUDA only)
         self._consumed: torch.cuda.Event | None = None  # the next upload waits on it (set by rearm)
         self._carries: dict[Hashable, np.ndarray] = {}
         self._uploads = self._tokens = 0
@@ -119,23 +127,37 @@ class Prestage:
         cu = np.concatenate([[0], np.cumsum(lens, dtype=np.int64)])
         flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
         rows, new_carries = self.hasher.hash_packed(flat, cu, carries)  # validates the ids; pure
-        if T:
-            self._wait_staging()
-            self.store.gather(rows, self.staging[:T])
-            self._upload(T, stream)
+        out = self.put(rows, 0, 0, stream)
         for k, c in zip(keys, new_carries):
             self._carries[k] = c
+        return out
+
+    def put(self, rows: np.ndarray, at: int, pad: int, stream: torch.cuda.Stream | None = None) -> Tensor:
+        """Table rows `rows [T, heads]` (from `hasher.hash_packed`) into `ple_rows[at:at + T]`, and zeros into the
+        `pad` rows after them, with one copy; returns the view `ple_rows[at:at + T + pad]`. Enqueued on `stream`
+        (default: the current stream of the device)."""
+        T = rows.shape[0]
+        if at + T + pad > self.max_tokens:
+            raise ValueError(f"step has {at + T + pad} tokens, more than max_tokens={self.max_tokens}")
+        if T + pad:
+            staging = self._next_staging()
+            if T:
+                self.store.gather_flat(rows.reshape(-1), staging[at:at + T].view(-1, staging.shape[-1]))
+            if pad:
+                staging[at + T:at + T + pad].zero_()
+            self._upload(staging, at, T + pad, stream)
         self._tokens += T
-        return self.ple_rows[:T]
+        return self.ple_rows[at:at + T + pad]
 
     def rearm(self, consumed: torch.cuda.Event | None = None) -> None:
         """Make the buffers reusable after a step consumed them (e.g. a CUDA-graph replay that read `ple_rows`).
 
-        Waits (host) until the last upload has finished reading the staging buffer. `consumed`, an event recorded on
+        Waits (host) until the uploads have finished reading the staging buffers. `consumed`, an event recorded on
         the consumer's stream after it read `ple_rows`, makes the next upload wait for it on the device, so the
         upload cannot overwrite rows a replay on another stream is still reading. On the CPU nothing is pending.
         """
-        self._wait_staging()
+        for k in range(len(self._staging)):
+            self._wait(k)
         self._consumed = consumed
 
     def counters(self) -> PrestageCounters:
@@ -144,25 +166,37 @@ class Prestage:
         return PrestageCounters(s.hits, s.misses, s.bytes_read, s.evictions, s.resident, self._uploads,
                                 self._tokens, self._tokens * token_bytes)
 
+    @property
+    def staging(self) -> Tensor:
+        """The host staging buffer the last upload read (pinned on CUDA)."""
+        return self._staging[self._k]
+
     # ---- internals ----
-    def _upload(self, T: int, stream: torch.cuda.Stream | None) -> None:
+    def _next_staging(self) -> Tensor:
+        self._k = (self._k + 1) % len(self._staging)
+        self._wait(self._k)
+        return self._staging[self._k]
+
+    def _upload(self, staging: Tensor, at: int, n: int, stream: torch.cuda.Stream | None) -> None:
+        src, dst = staging[at:at + n], self.ple_rows[at:at + n]
         if self.device.type != "cuda":
-            self.ple_rows[:T].copy_(self.staging[:T])
+            dst.copy_(src)
         else:
             stream = stream or torch.cuda.current_stream(self.device)
+            if self._consumed is not None:
+                stream.wait_event(self._consumed)
             with torch.cuda.stream(stream):
-                if self._consumed is not None:
-                    stream.wait_event(self._consumed)
-                self.ple_rows[:T].copy_(self.staging[:T], non_blocking=True)
-                self._copy_done = torch.cuda.Event()
-                self._copy_done.record(stream)
+                dst.copy_(src, non_blocking=True)
+                done = self._copy_done[self._k] = self._copy_done[self._k] or torch.cuda.Event()
+                done.record(stream)
         self._consumed = None
         self._uploads += 1
 
-    def _wait_staging(self) -> None:
-        if self._copy_done is not None:
-            self._copy_done.synchronize()
-            self._copy_done = None
+    def _wait(self, k: int) -> None:
+        """The host may rewrite staging buffer k once the copy that last read it has run."""
+        done = self._copy_done[k]
+        if done is not None:
+            done.synchronize()
 
     def _known(self, key: Hashable) -> np.ndarray:
         try:

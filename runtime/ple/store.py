@@ -18,7 +18,6 @@ Not thread-safe: one stager owns a store.
 from __future__ import annotations
 
 import mmap
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,8 @@ import torch
 from torch import Tensor
 
 from gdn_trt.model.checkpoint import PleTable
+
+from .lru import Lru
 
 # raw integer dtype of each element size: numpy has no bfloat16, so rows are read as bits and viewed in torch
 _RAW = {2: np.int16, 4: np.int32}
@@ -92,7 +93,7 @@ class RowStore:
             raise ValueError(f"table segments hold {starts[-1]} rows, the table declares {self.rows}")
         self._starts = np.array(starts, dtype=np.int64)
         self._cache = torch.empty((self.capacity, self.dim), dtype=self.dtype)
-        self._lru: OrderedDict[int, int] = OrderedDict()  # row -> cache slot, least recently used first
+        self._lru = Lru(self.capacity)
         self._hits = self._misses = self._evictions = 0
 
     # ---- public ----
@@ -102,33 +103,46 @@ class RowStore:
         `out` is caller-owned (e.g. a pinned staging buffer): CPU, contiguous, the table's dtype, shape
         `rows.shape + (dim,)`. Bad input raises before any counter or cache entry changes.
         """
-        idx = self._check(rows, out)
-        if idx.size == 0:
-            return out
-        uniq, first, inverse = np.unique(idx, return_index=True, return_inverse=True)
-        slots = np.array([self._lru.get(r, -1) for r in uniq.tolist()], dtype=np.int64)
-        hit = slots >= 0
-        vals = torch.empty((uniq.size, self.dim), dtype=self.dtype)
-        if hit.any():
-            vals[torch.from_numpy(np.flatnonzero(hit))] = self._cache[torch.from_numpy(slots[hit])]
-        missed = np.flatnonzero(~hit)
-        if missed.size:
-            # np.unique sorted the rows, so the file is read in ascending offset order
-            raw = self._read(uniq[missed])
-            vals[torch.from_numpy(missed)] = torch.from_numpy(raw).view(self.dtype)
-        torch.index_select(vals, 0, torch.from_numpy(inverse.reshape(-1)), out=out.view(-1, self.dim))
-        self._remember(uniq, np.argsort(first, kind="stable"), hit, vals)
-        self._hits += idx.size - missed.size
-        self._misses += missed.size
+        self.gather_flat(self._check(rows, out), out.view(-1, self.dim))
         return out
+
+    def gather_flat(self, idx: np.ndarray, flat: Tensor) -> Tensor:
+        """`gather` without its checks, for rows the caller computed itself (the PLE hash: always in range):
+        idx [n] int64 -> flat [n, dim] (a CPU tensor of the table's dtype, or a view of one)."""
+        if idx.size == 0:
+            return flat
+        u = self._lru.update(idx)
+        new_vals, alive = None, np.zeros(0, dtype=bool)
+        if u.uniq_new.size:
+            # the distinct new rows, read from the file once each in ascending offset order
+            order = np.argsort(u.uniq_new, kind="stable")
+            raw = np.empty((u.uniq_new.size, self.dim), dtype=_RAW[self.dtype.itemsize])
+            raw[order] = self._read(u.uniq_new[order])
+            new_vals = torch.from_numpy(raw).view(self.dtype)
+            alive = u.slot_new >= 0
+        if u.ref_slot is None:
+            # more rows than the cache holds: serve each reference from where its value is before the cache changes
+            hits, miss = np.flatnonzero(u.slot >= 0), np.flatnonzero(u.slot < 0)
+            flat[torch.from_numpy(hits)] = self._cache[torch.from_numpy(u.slot[hits])]
+            srt = np.argsort(u.uniq_new, kind="stable")
+            which = srt[np.searchsorted(u.uniq_new[srt], idx[miss])]
+            flat[torch.from_numpy(miss)] = new_vals[torch.from_numpy(which)]
+        if alive.any():
+            self._cache[torch.from_numpy(u.slot_new[alive])] = new_vals[torch.from_numpy(np.flatnonzero(alive))]
+        if u.ref_slot is not None:
+            torch.index_select(self._cache, 0, torch.from_numpy(u.ref_slot), out=flat)
+        self._hits += idx.size - u.uniq_new.size
+        self._misses += u.uniq_new.size
+        self._evictions += u.evictions
+        return flat
 
     def counters(self) -> StoreCounters:
         return StoreCounters(self._hits, self._misses, self._misses * self.row_bytes, self._evictions,
-                             len(self._lru))
+                             self._lru.resident)
 
     def cached_rows(self) -> list[int]:
         """Rows in the cache, least recently used first (diagnostics and tests)."""
-        return list(self._lru)
+        return self._lru.order().tolist()
 
     def close(self) -> None:
         """Release the mappings (arrays viewing them must go first, or mmap refuses to close)."""
@@ -152,27 +166,6 @@ class RowStore:
         self.close()
 
     # ---- internals ----
-    def _remember(self, uniq: np.ndarray, order: np.ndarray, hit: np.ndarray, vals: Tensor) -> None:
-        """LRU update for one gather: its cached rows are touched, then its new rows inserted (each group in
-        first-occurrence order), so a gather's new rows never push out its own cached rows unless it brings more
-        new rows than the cache has room for. uniq, hit [U]; order [U] = first-occurrence order; vals [U, dim]."""
-        for u in order[hit[order]].tolist():
-            self._lru.move_to_end(int(uniq[u]))
-        if self.capacity == 0:
-            return
-        writes: dict[int, int] = {}  # cache slot -> index into uniq; a slot reused within the gather keeps the last
-        for u in order[~hit[order]].tolist():
-            if len(self._lru) < self.capacity:
-                slot = len(self._lru)  # slots 0..len-1 are taken: eviction always reuses the victim's slot
-            else:
-                _, slot = self._lru.popitem(last=False)
-                self._evictions += 1
-            self._lru[int(uniq[u])] = slot
-            writes[slot] = u
-        if writes:
-            s = torch.tensor(list(writes.keys()), dtype=torch.int64)
-            self._cache[s] = vals[torch.tensor(list(writes.values()), dtype=torch.int64)]
-
     def _check(self, rows: object, out: Tensor) -> np.ndarray:
         if isinstance(rows, Tensor):
             if rows.device.type != "cpu":

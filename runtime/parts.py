@@ -1,0 +1,45 @@
+"""`StepParts`: the collaborators of a session's steps, given once by the session (one object, so that the step
+modules take one parameter for them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gdn_trt.model.config import GdnConfig
+
+from .adapters import AdapterSlots
+from .budget import RuntimeLimits
+from .graphs import GraphCache
+from .pack import PackBuffers
+from .ple.feeds import PleFeeds
+from .select import Selector
+from .seqs import SeqTable
+from .stack import Stack
+from .state import StatePool
+from .stats import SessionStats
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """What a step reads and writes, given once by the session: its shapes and limits, the sequence table, the layer
+    stack over the state pool, the engine selector, the CUDA-graph cache, PLE feeds, adapter slots, stats and the
+    step's index buffer."""
+
+    cfg: GdnConfig
+    limits: RuntimeLimits
+    dtype: torch.dtype
+    device: torch.device
+    seqs: SeqTable
+    pool: StatePool
+    stack: Stack
+    selector: Selector
+    graphs: GraphCache
+    feeds: PleFeeds | None
+    adapters: AdapterSlots | None
+    stats: SessionStats
+    pack: PackBuffers
+
+    def stream(self) -> torch.cuda.Stream | None:
+        return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None

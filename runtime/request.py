@@ -1,0 +1,197 @@
+"""Checking a step request as a whole, with numpy over all of its sequences at once, before anything is written.
+
+`check(parts, seqs, kind, lengths, token_ids, capture_at) -> StepSpec` refuses, naming the first bad sequence, every
+request that could fail later: unknown, released, repeated, failed or verify-pending sequences; kinds out of the
+decode, verify, prefill order; token counts outside each kind's range; a prefill over `max_prefill_tokens`; token ids
+missing, of the wrong length or outside the vocabulary (PLE models), or given to a model without PLE; capture points
+outside 0..length or on a sequence that does not prefill; more distinct adapters than slots; a group no engine
+covers. What it returns holds everything the step then needs, already in arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gdn_trt.model.modes import StepKind
+
+from .parts import StepParts
+from .ple.hashing import as_ids
+from .select import KIND_ORDER, Group
+from .seqs import as_seq_ids
+
+KIND_CODE = {k: c for c, k in enumerate(KIND_ORDER)}  # decode 0, verify 1, prefill 2
+_NAMES = np.array([k.value for k in KIND_ORDER])
+_KINDS = {**{k: k for k in KIND_ORDER}, **{k.value: k for k in KIND_ORDER}}
+_PARTS: dict[tuple, "Part"] = {}  # the one group of a single-kind step, by (group, N, T): a steady loop makes one
+
+
+@dataclass(frozen=True)
+class Part:
+    """One group of a step: its kind, its sequences [s0, s1) and its tokens [t0, t1) in the step's order, the
+    selection (mode, engines, bucket, vetoes)."""
+
+    kind: StepKind
+    s0: int
+    s1: int
+    t0: int
+    t1: int
+    group: Group
+
+    @property
+    def n(self) -> int:
+        return self.s1 - self.s0
+
+    @property
+    def tokens(self) -> int:
+        return self.t1 - self.t0
+
+
+@dataclass
+class StepSpec:
+    """A checked request. seqs, slots, lengths [N] int64 in the step's order; cu [N+1] token offsets; ids [T]
+    (PLE models) or None; capture_at [N] (-1 = none) or None; adapters [N] adapter codes (-1 = none); parts: the
+    groups in decode, verify, prefill order."""
+
+    seqs: np.ndarray
+    slots: np.ndarray
+    lengths: np.ndarray
+    cu: np.ndarray
+    ids: np.ndarray | None
+    capture_at: np.ndarray | None
+    adapters: np.ndarray
+    parts: tuple[Part, ...]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.cu[-1])
+
+    @property
+    def kind(self) -> StepKind | None:
+        """The step's kind when it has one group (None for a mixed step)."""
+        return self.parts[0].kind if len(self.parts) == 1 else None
+
+
+def kind_codes(kind: object, n: int) -> np.ndarray:
+    """[N] kind codes from one kind (a `StepKind` or its name) or one per sequence (names or `StepKind`s)."""
+    if isinstance(kind, str):  # StepKind is a str
+        try:
+            return np.full(n, KIND_CODE[StepKind(kind)], dtype=np.int64)
+        except ValueError:
+            raise ValueError(f"kind must be one of {[k.value for k in KIND_ORDER]} or one per sequence, got "
+                             f"{kind!r}") from None
+    a = np.asarray([k.value if isinstance(k, StepKind) else k for k in kind] if isinstance(kind, (list, tuple))
+                   else kind)
+    if a.shape != (n,) or a.dtype.kind not in "U":
+        raise ValueError(f"kind must be one kind or [N={n}] kind names, got {a.dtype} {a.shape}")
+    codes = np.full(n, -1, dtype=np.int64)
+    for c, name in enumerate(_NAMES):
+        codes[a == name] = c
+    if (codes < 0).any():
+        raise ValueError(f"kind {a[codes < 0][0]!r} is not one of {list(_NAMES)}")
+    return codes
+
+
+def _ints(x: object, n: int, what: str) -> np.ndarray:
+    a = as_ids(x, what)
+    if a.shape != (n,):
+        raise ValueError(f"{what} must be [N={n}], got shape {a.shape}")
+    return a
+
+
+def check(parts: StepParts, seqs: object, kind: object, lengths: object, token_ids: object,
+          capture_at: object) -> StepSpec:
+    """See the module docstring."""
+    lim, table = parts.limits, parts.seqs
+    seqs = as_seq_ids(seqs)
+    N = seqs.size
+    if N == 0:
+        raise ValueError("a step needs at least one sequence")
+    one = _KINDS.get(kind) if isinstance(kind, str) else None  # one kind for the whole step: the common case
+    codes = None if one is not None else kind_codes(kind, N)
+    if codes is not None and N > 1 and (np.diff(codes) < 0).any():
+        raise ValueError("a mixed step lists its sequences grouped by kind: decode, then verify, then prefill")
+    slots = table.steppable(seqs)
+    if codes is None and one is StepKind.DECODE and lengths is None:
+        L, cu, T = table.ones(N), table.arange(N + 1), N
+    else:
+        L = _lengths(lengths, np.full(N, KIND_CODE[one]) if codes is None else codes, seqs, lim)
+        cu = np.zeros(N + 1, dtype=np.int64)
+        np.cumsum(L, out=cu[1:])
+        T = int(cu[-1])
+    ids = _token_ids(parts, token_ids, T)
+    cap = _capture(capture_at, np.full(N, KIND_CODE[one]) if codes is None else codes, L, seqs)
+    adapters = table.adapter[slots] if table.bound else None
+    if adapters is not None and parts.adapters is not None and (adapters >= 0).any():
+        parts.adapters.check_step(table.adapter_names_of(adapters))
+    if codes is None:
+        g = parts.selector.group(one, N, T)
+        p = _PARTS.get((id(g), N, T))
+        if p is None or p.group is not g:
+            if len(_PARTS) > 4096:
+                _PARTS.clear()
+            p = _PARTS[(id(g), N, T)] = Part(one, 0, N, 0, T, g)
+        out = (p,)
+    else:
+        bounds = np.searchsorted(codes, np.arange(len(KIND_ORDER) + 1)).tolist()
+        out = []
+        for c, kind_ in enumerate(KIND_ORDER):
+            s0, s1 = bounds[c], bounds[c + 1]
+            if s1 > s0:
+                t0, t1 = int(cu[s0]), int(cu[s1])
+                out.append(Part(kind_, s0, s1, t0, t1, parts.selector.group(kind_, s1 - s0, t1 - t0)))
+        out = tuple(out)
+    return StepSpec(seqs, slots, L, cu, ids, cap, adapters, out)
+
+
+def _lengths(lengths: object, codes: np.ndarray, seqs: np.ndarray, lim) -> np.ndarray:
+    N = codes.size
+    if lengths is None:
+        if (codes != 0).any():
+            raise ValueError("verify and prefill steps take lengths: the token count of every sequence")
+        return np.ones(N, dtype=np.int64)
+    L = _ints(lengths, N, "lengths")
+    dec, ver, pre = codes == 0, codes == 1, codes == 2
+    for mask, ok, say in ((dec, L == 1, "decode takes one token per sequence; sequence {q} brings {n}"),
+                          (ver, (L >= 0) & (L <= lim.max_draft),
+                           "verify of sequence {q} brings {n} draft tokens, more than max_draft=" + str(lim.max_draft)),
+                          (pre, L >= 1, "prefill of sequence {q} brings no tokens")):
+        bad = mask & ~ok
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            if L[k] < 0:
+                raise ValueError(f"sequence {int(seqs[k])}: a token count must be >= 0, got {int(L[k])}")
+            raise ValueError(say.format(q=int(seqs[k]), n=int(L[k])))
+    n_prefill = int(L[pre].sum())
+    if n_prefill > lim.max_prefill_tokens:
+        raise ValueError(f"prefill step of {n_prefill} tokens exceeds max_prefill_tokens={lim.max_prefill_tokens}: "
+                         "prefill in chunks (each continues from the state) or raise the limit")
+    return L
+
+
+def _token_ids(parts: StepParts, token_ids: object, T: int) -> np.ndarray | None:
+    if parts.feeds is None:
+        if token_ids is not None:
+            raise ValueError("this model has no PLE layer, so it takes no token ids")
+        return None
+    if token_ids is None:
+        raise ValueError(f"PLE layers {sorted(parts.feeds.layers)} need the token ids of every token")
+    ids = as_ids(token_ids, "token_ids")
+    if ids.shape != (T,):
+        raise ValueError(f"token_ids must be [{T}] (every token of the step, packed in its order), got shape "
+                         f"{ids.shape}")
+    parts.feeds.check_ids(ids, "token_ids")
+    return ids
+
+
+def _capture(capture_at: object, codes: np.ndarray, L: np.ndarray, seqs: np.ndarray) -> np.ndarray | None:
+    if capture_at is None:
+        return None
+    cap = _ints(capture_at, codes.size, "capture_at")
+    bad = (cap != -1) & ((codes != 2) | (cap < 0) | (cap > L))
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        what = f"0..{int(L[k])}" if codes[k] == 2 else "-1 (it does not prefill)"
+        raise ValueError(f"capture_at of sequence {int(seqs[k])} must be -1 or {what}, got {int(cap[k])}")
+    return cap if (cap >= 0).any() else None

@@ -1,0 +1,409 @@
+"""The step context (`Session.begin_step`) on the CPU.
+
+Two sessions with the same weights run the same scenario (a varlen prefill with a capture, decodes, a verify with
+partial acceptance, a mixed decode + verify + prefill step, a decode of a subset), one through the dict API, one
+through the batched API in each granularity: `run` (the whole stack), `layer` with the hidden state, `layer` with
+the running residual, and, on mixer-only layers, `mixer` with the host doing the input norm and the residual add.
+Every output and the whole state (pools, stashes, captures, PLE id carries, positions, pending verifies) agree bit
+for bit, for the plain, hc+PLE and LoRA presets and with decode steps padded to a bucket (padding rows poisoned with
+NaN; there within the fp32 bound, see `test_padded_layer_calls`). Every refusal of the step context changes nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gdn_trt.export.tolerances import tol
+from gdn_trt.model.lora import LoraLimits
+from gdn_trt.model.norms import rms_norm_1p
+from gdn_trt.model.peft import SyntheticAdapter, load_adapter, make_synthetic_adapter
+from gdn_trt.runtime.budget import RuntimeLimits
+from gdn_trt.runtime.select import GraphPolicy
+from gdn_trt.runtime.seqs import Prompt, SequenceError
+from gdn_trt.runtime.session import Session, SessionOptions
+from gdn_trt.runtime.steps import StepError
+
+from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session
+from .tolerances import assert_close
+
+TOL = tol(torch.float32)
+
+LORA = RuntimeLimits(max_seqs=6, max_prefill_tokens=96, max_draft=4, ple_cache_rows=64,
+                     lora=LoraLimits(max_adapters=2, max_rank=4))
+MIXER_ONLY = "tiny-next"  # Qwen3-Next without dense MLPs: every GDN layer is norm + mixer (its MoE is the host's)
+
+
+def _twins(name: str, limits: RuntimeLimits, tmp_path, pad: bool):
+    """Two sessions of the same weights (and adapters), the second padded to decode buckets if `pad`."""
+    out = []
+    for _ in range(2):
+        s = open_session(name, limits)
+        if limits.lora is not None:
+            for k in range(2):
+                d = make_synthetic_adapter(name, tmp_path / f"ad{k}", SyntheticAdapter(r=4, alpha=8.0), seed=k)
+                s.register_adapter(f"ad{k}", load_adapter(d, s.cfg, f"ad{k}"))
+        out.append(s)
+    if pad:  # decode groups get a bucket; the CPU engines veto capture, so the layers run eagerly, padded or not
+        out[1].selector.policy = GraphPolicy(True, (1, 3, 6), True)
+        out[1].selector._memo.clear()
+    return out
+
+
+class Batched:
+    """The batched API in one granularity, with the dict API's arguments."""
+
+    def __init__(self, sess, how: str, fill: float = float("nan")):
+        self.s, self.how, self.fill = sess, how, fill
+        self.padded = 0  # layer chains that ran on bucket-padded rows
+
+    def step(self, decode=None, verify=None, prefill=None, token_ids=None):
+        token_ids = token_ids or {}
+        seqs, kinds, hs, ids, caps = [], [], [], [], []
+        for kind, part in (("decode", decode), ("verify", verify), ("prefill", prefill)):
+            for q, v in (part or {}).items():
+                p = v if isinstance(v, Prompt) else Prompt(v, token_ids.get(q))
+                seqs.append(q)
+                kinds.append(kind)
+                hs.append(p.hidden)
+                ids.append(p.token_ids)
+                caps.append(-1 if p.capture_at is None else p.capture_at)
+        lengths = np.array([h.shape[0] for h in hs])
+        tid = None if self.s.feeds is None else np.concatenate([np.asarray(i) for i in ids])
+        cap = np.array(caps) if any(c >= 0 for c in caps) else None
+        x = torch.cat(hs).to(self.s.device)
+        with self.s.begin_step(np.array(seqs), kinds if len(set(kinds)) > 1 else kinds[0], lengths, tid, cap) as st:
+            out = self._layers(st, x)
+        return dict(zip(seqs, torch.split(out, lengths.tolist()))), st.captures
+
+    def _layers(self, st, x):
+        if st.bucket is not None and st.bucket > x.shape[0] and self.how != "run":
+            # the host pads to the bucket (run takes the step's rows only); its NaN padding never leaks
+            self.padded += 1
+            xp = torch.full((st.bucket, x.shape[1]), self.fill, dtype=x.dtype, device=x.device)
+            xp[:x.shape[0]] = x
+            return self._chain(st, xp)[:x.shape[0]]
+        return self._chain(st, x)
+
+    def _chain(self, st, x):
+        cfg = self.s.cfg
+        if self.how == "run":
+            return st.run(x)
+        if self.how == "residual" and not cfg.is_hc:
+            res = torch.zeros_like(x)
+            for i in cfg.gdn_layer_ids:
+                x, res = st.layer(i, x, res)
+            return x + res
+        if self.how == "mixer":
+            for cands, i in zip(self.s.selector.engines, cfg.gdn_layer_ids):
+                h = rms_norm_1p(x, cands[0].layer.norms.input_norm, cfg.rms_norm_eps)
+                x = x + st.mixer(i, h)
+            return x
+        for i in cfg.gdn_layer_ids:
+            x = st.layer(i, x)
+        return x
+
+
+def _scenario(step, accept, add, release, sess, tmp_adapters: bool):
+    """The same calls on either API; returns every output and capture in order."""
+    h, ids = inputs(sess, 40, seed=7)
+    h = h.to(sess.device, sess.dtype)
+    sub = (lambda a, b: None) if ids is None else (lambda a, b: ids[a:b])
+    ad = (lambda k: f"ad{k % 2}" if k % 3 else None) if tmp_adapters else (lambda k: None)
+    a, b, c, d = (add(ad(k)) for k in range(4))
+    got = []
+    outs, caps = step(prefill={a: Prompt(h[:5], sub(0, 5), 3), b: Prompt(h[5:12], sub(5, 12)),
+                               c: Prompt(h[12:13], sub(12, 13)), d: Prompt(h[13:17], sub(13, 17), 4)})
+    got += [outs[q] for q in (a, b, c, d)] + [torch.tensor(list(caps[a])), torch.tensor(list(caps[d]))]
+    for t in range(17, 20):
+        outs, _ = step(decode={q: h[t:t + 1] for q in (a, b, c, d)},
+                       token_ids=None if ids is None else {q: ids[t:t + 1] for q in (a, b, c, d)})
+        got += [outs[q] for q in (a, b, c, d)]
+    outs, _ = step(verify={a: h[20:23], b: h[20:20], c: h[20:24]},
+                   token_ids=None if ids is None else {a: ids[20:23], b: ids[20:20], c: ids[20:24]})
+    got += [outs[q] for q in (a, b, c)]
+    accept({a: 2, b: 0, c: 4})
+    e = add(ad(5))
+    outs, caps = step(decode={b: h[24:25], d: h[24:25]}, verify={a: h[25:27]}, prefill={e: Prompt(h[27:33], sub(27, 33))},
+                      token_ids=None if ids is None else {b: ids[24:25], d: ids[24:25], a: ids[25:27]})
+    got += [outs[q] for q in (b, d, a, e)]
+    accept({a: 1})
+    release(c)
+    outs, _ = step(decode={e: h[33:34], a: h[34:35]},
+                   token_ids=None if ids is None else {e: ids[33:34], a: ids[34:35]})
+    got += [outs[e], outs[a]]
+    return got
+
+
+CASES = [pytest.param(n, lim, how, id=f"{tag}-{how}")
+         for n, lim, tag, hows in ((PLAIN, LIMITS, "plain", ("run", "hidden", "residual")),
+                                   (HC_PLE, LIMITS, "hc+ple", ("run", "hidden")), (PLAIN, LORA, "lora", ("run", "hidden")),
+                                   (MIXER_ONLY, LIMITS, "next", ("run", "mixer")))
+         for how in hows]
+
+
+def _dict_run(sess, lora: bool) -> list[torch.Tensor]:
+    def dict_step(**kw):
+        r = sess.step(**kw)
+        return r.outputs, r.captures
+
+    return _scenario(dict_step, sess.accept, sess.add_sequence, sess.release, sess, lora)
+
+
+def _batched_run(api: Batched, lora: bool) -> list[torch.Tensor]:
+    s = api.s
+    return _scenario(api.step, lambda c: s.accept_batch(np.array(list(c)), np.array(list(c.values()))),
+                     s.add_sequence, s.release, s, lora)
+
+
+@pytest.mark.parametrize("name,limits,how", CASES)
+def test_batched_equals_dict_bit_for_bit(name, limits, how, tmp_path):
+    ref, bat = _twins(name, limits, tmp_path, pad=False)
+    want, got = _dict_run(ref, limits.lora is not None), _batched_run(Batched(bat, how), limits.lora is not None)
+    assert len(want) == len(got)
+    for k, (w, g) in enumerate(zip(want, got)):
+        assert w.shape == g.shape and torch.equal(w, g), f"output {k} differs"
+    assert fingerprint(ref) == fingerprint(bat)
+
+
+@pytest.mark.parametrize("name,limits,how", [c for c in CASES if c.values[2] != "run"])
+def test_padded_layer_calls(name, limits, how, tmp_path):
+    """Decode steps padded to a bucket (the host pads its rows as a captured graph would): padding content never
+    reaches a real row or any state (NaN padding and zero padding agree bit for bit), and the result equals the
+    unpadded dict API within the fp32 bound: not bit for bit, because the CPU's GEMM picks its kernel by the row
+    count, so a row can round differently in a 6-row product than in a 4-row one (measured: rows of a 1..3-row
+    F.linear differ from the same rows in a 4-row one). On the GPU both paths pad (tests/test_graphs.py)."""
+    ref, nan_pad = _twins(name, limits, tmp_path, pad=True)
+    zero_pad = _twins(name, limits, tmp_path, pad=True)[1]
+    a, b = Batched(nan_pad, how), Batched(zero_pad, how, fill=0.0)
+    got, got0 = _batched_run(a, limits.lora is not None), _batched_run(b, limits.lora is not None)
+    assert a.padded == b.padded == 4  # the three decodes of 4 (bucket 6) and the last one (2 in bucket 3)
+    assert all(torch.equal(x, y) for x, y in zip(got, got0)) and fingerprint(nan_pad) == fingerprint(zero_pad)
+    want = _dict_run(ref, limits.lora is not None)
+    for k, (w, g) in enumerate(zip(want, got)):
+        if w.dtype == torch.int64:  # capture blobs: their state may round differently too; restored elsewhere
+            continue
+        assert_close(f"output {k}", w, g, TOL)
+
+
+# ---- refusals: each raises and changes nothing ----
+
+@pytest.fixture
+def world():
+    s = open_session(HC_PLE)
+    h, ids = inputs(s, 12, seed=3)
+    a, b = s.add_sequence(), s.add_sequence()
+    s.prefill_batch({a: Prompt(h[:4], ids[:4]), b: Prompt(h[4:9], ids[4:9])})
+    return s, np.array([a, b]), h[9:11], ids[9:11]
+
+
+def test_layer_calls_out_of_turn_are_refused(world):
+    s, seqs, x, ids = world
+    L = s.cfg.gdn_layer_ids
+    before = fingerprint(s)
+    st = s.begin_step(seqs, "decode", token_ids=ids)
+    with pytest.raises(StepError, match=f"GDN layer {L[0]} is next"):
+        st.layer(L[1], x)
+    with pytest.raises(StepError, match="a step is open"):
+        s.begin_step(seqs, "decode", token_ids=ids)
+    for call in (lambda: s.release(int(seqs[0])), lambda: s.snapshot(int(seqs[0])), lambda: s.accept({}),
+                 lambda: s.decode({int(seqs[0]): x[:1]}, {int(seqs[0]): ids[:1]})):
+        with pytest.raises(StepError, match="a step is open"):
+            call()
+    with pytest.raises(StepError, match=r"closed before GDN layers \[0, 1, 2\]"):
+        st.close()
+    assert fingerprint(s) == before
+    y = st.layer(L[0], x)
+    with pytest.raises(StepError, match=f"GDN layer {L[1]} is next"):
+        st.layer(L[0], y)
+    with pytest.raises(StepError, match="GDN layer 1 is next"):
+        st.run(x)
+    for i in L[1:]:
+        y = st.layer(i, y)
+    with pytest.raises(StepError, match="every GDN layer of this step was called"):
+        st.layer(L[-1], y)
+    st.close()
+    with pytest.raises(StepError, match="closed"):
+        st.layer(L[0], x)
+    assert s.position(int(seqs[0])) == 5
+
+
+BAD_INPUTS = {
+    "rows": (lambda st, x: st.layer(0, x[:1]), ValueError, "must be [2, 128]"),
+    "width": (lambda st, x: st.layer(0, x[:, :7]), ValueError, "must be [2, 128]"),
+    "dtype": (lambda st, x: st.layer(0, x.double()), ValueError, "torch.float32"),
+    "not a tensor": (lambda st, x: st.layer(0, x.tolist()), TypeError, "tensor"),
+    "sparse": (lambda st, x: st.layer(0, x.to_sparse()), ValueError, "dense tensor with data"),
+    "mixer of a PLE layer": (lambda st, x: st.mixer(1, x[:, :32]) if st.layer(0, x) is not None else None,
+                             ValueError, "layer 1 has PLE"),
+    "residual on hc": (lambda st, x: st.layer(0, x, x), ValueError, "no residual"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_layer_inputs_are_refused(world, name):
+    s, seqs, x, ids = world
+    call, exc, frag = BAD_INPUTS[name]
+    st = s.begin_step(seqs, "decode", token_ids=ids)
+    before = fingerprint(s)
+    with pytest.raises(exc) as info:
+        call(st, x)
+    assert frag in str(info.value), str(info.value)
+    if name != "mixer of a PLE layer":  # that one ran layer 0 first: a pool was written, as a real call would
+        assert fingerprint(s) == before
+    st.abort()
+
+
+BAD_REQUESTS = {
+    "no sequence": (dict(seqs=[]), ValueError, "at least one"),
+    "float ids": (dict(seqs=[0.0, 1.0]), TypeError, "integer"),
+    "unknown": (dict(seqs=[0, 77]), SequenceError, "sequence 77 is unknown"),
+    "twice": (dict(seqs=[0, 0], token_ids=[1, 2]), ValueError, "twice"),
+    "kind": (dict(kind="sample"), ValueError, "kind"),
+    "mixed out of order": (dict(kind=["verify", "decode"], lengths=[1, 1]), ValueError, "grouped by kind"),
+    "verify without lengths": (dict(kind="verify"), ValueError, "lengths"),
+    "decode of two": (dict(lengths=[1, 2], token_ids=[1, 2, 3]), ValueError, "one token per sequence"),
+    "verify too long": (dict(kind="verify", lengths=[5, 1], token_ids=[1] * 6), ValueError, "max_draft"),
+    "prefill empty": (dict(kind="prefill", lengths=[0, 1], token_ids=[1]), ValueError, "no tokens"),
+    "token ids short": (dict(token_ids=[1]), ValueError, "token_ids must be [2]"),
+    "token ids outside": (dict(token_ids=[1, 10 ** 6]), ValueError, "vocabulary"),
+    "no token ids": (dict(token_ids=None), ValueError, "need the token ids"),
+    "capture on decode": (dict(capture_at=[0, -1]), ValueError, "does not prefill"),
+    "capture past the end": (dict(kind="prefill", lengths=[2, 1], token_ids=[1, 2, 3], capture_at=[3, -1]),
+                             ValueError, "0..2"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_REQUESTS))
+def test_bad_requests_are_refused_naming_the_sequence(world, name):
+    s, seqs, _, ids = world
+    kw, exc, frag = BAD_REQUESTS[name]
+    args = dict(seqs=seqs, kind="decode", lengths=None, token_ids=ids, capture_at=None) | kw
+    before = fingerprint(s)
+    with pytest.raises(exc) as info:
+        s.begin_step(**args)
+    assert frag in str(info.value), str(info.value)
+    assert fingerprint(s) == before
+    with s.begin_step(seqs, "decode", token_ids=ids) as st:  # the session is not left with an open step
+        st.run(torch.zeros(2, s.cfg.stream_dim))
+
+
+def test_abandoned_steps(world):
+    s, seqs, x, ids = world
+    before = fingerprint(s)
+    with pytest.raises(RuntimeError, match="host failed"):
+        with s.begin_step(seqs, "decode", token_ids=ids):
+            raise RuntimeError("the host failed before any layer")
+    assert fingerprint(s) == before  # nothing ran: nothing changed, the sequences step on
+    with pytest.raises(StepError, match="closed before"):
+        with s.begin_step(seqs, "decode", token_ids=ids) as st:
+            st.layer(0, x)  # the host forgot layers 1..3: layer 0 wrote its pools
+    with pytest.raises(SequenceError, match=f"sequence {seqs[0]} failed in an earlier step"):
+        s.begin_step(seqs, "decode", token_ids=ids)
+    blob = s.snapshot(int(seqs[1]))  # snapshot, release and restore stay open to a failed sequence
+    s.release(int(seqs[0]))
+    r = s.restore(blob)
+    with s.begin_step(np.array([r]), "decode", token_ids=ids[:1]) as st:
+        st.run(x[:1])
+
+
+# ---- on the GPU: CUDA graphs, Triton kernels, fused glue ----
+
+GPU_LIMITS = RuntimeLimits(max_seqs=6, max_prefill_tokens=96, max_draft=4, ple_cache_rows=64, graph_buckets=(1, 3, 6))
+
+
+def _gpu(name: str, dtype: torch.dtype):
+    return Session.open(name, backend="torch", device="cuda", options=SessionOptions(limits=GPU_LIMITS, dtype=dtype))
+
+
+def _state(sess) -> list:
+    """Every piece of state a step may change, on the host (pools, stashes, captures, carries, positions)."""
+    out = [t.cpu() for st in [*sess.pool.layers.values(), *sess.stack.buffers.stash.values(),
+                              *sess.stack.buffers.capture.values()] for t in (st.conv, st.ssm, st.ple_conv)
+           if t is not None]
+    if sess.feeds is not None:
+        out += [torch.from_numpy(c.copy()) for c in sess.feeds.carry.values()]
+    t = sess._seqs
+    return out + [torch.from_numpy(a.copy()) for a in (t.live_id, t.position, t.pend_epoch, t.pend_row, t.pend_count)]
+
+
+GPU_CASES = [pytest.param(n, d, id=f"{tag}-{str(d)[6:]}") for n, tag in ((PLAIN, "plain"), (HC_PLE, "hc+ple"))
+             for d in (torch.float32, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype", GPU_CASES)
+def test_batched_equals_dict_on_the_gpu(name, dtype):
+    """The whole scenario (every kind, a mixed step, decode groups replayed from CUDA graphs at buckets 3 and 6)."""
+    ref, bat = _gpu(name, dtype), _gpu(name, dtype)
+    want, got = _dict_run(ref, False), _batched_run(Batched(bat, "run"), False)
+    for k, (w, g) in enumerate(zip(want, got)):
+        assert torch.equal(w.cpu(), g.cpu()), f"output {k} differs"
+    assert all(torch.equal(a, b) for a, b in zip(_state(ref), _state(bat)))
+    assert ref.stats().graphs.captured and not ref.stats().graphs.gate_failures
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype", GPU_CASES)
+def test_padded_layer_calls_equal_the_graph_replay(name, dtype):
+    """Decode steps of 4 sequences in bucket 6: the dict API replays its captured graph, the batched API calls each
+    layer eagerly on the host's padded rows (NaN padding): outputs and state bit for bit."""
+    ref, bat = _gpu(name, dtype), _gpu(name, dtype)
+    h, ids = inputs(ref, 12, seed=5)
+    h = h.to("cuda", dtype)
+    api = Batched(bat, "hidden")
+    for sess in (ref, bat):
+        qs = [sess.add_sequence() for _ in range(4)]
+        sess.prefill_batch({q: Prompt(h[k:k + 4], None if ids is None else ids[k:k + 4]) for k, q in enumerate(qs)})
+    for t in range(8, 12):
+        tok = None if ids is None else {q: ids[t:t + 1] for q in range(4)}
+        want = ref.decode({q: h[t:t + 1] for q in range(4)}, tok)
+        got, _ = api.step(decode={q: h[t:t + 1] for q in range(4)}, token_ids=tok)
+        for q in range(4):
+            assert torch.equal(want[q], got[q]), f"step {t} sequence {q}"
+    assert api.padded == 4
+    assert all(torch.equal(a, b) for a, b in zip(_state(ref), _state(bat)))
+    assert ref.stats().graphs.captured == ["decode_multi_seq bucket 6"]
+
+
+def test_an_engine_covering_consecutive_layers_runs_once():
+    """The stack's loop takes an engine that covers several consecutive layers (`layer_ids`, what a TensorRT stack
+    plan is): it stands for each of its layers and runs once; a per-layer call on one of them finds no engine."""
+    from gdn_trt.model.state import StepInput
+    from gdn_trt.runtime.backends import TorchEngine
+    from gdn_trt.runtime.engine import LayerCall
+    from gdn_trt.runtime.select import NoEngineError
+
+    ref, s = open_session(PLAIN), open_session(PLAIN)
+    first, second = (c[0] for c in s.selector.engines[:2])
+    calls_made = []
+
+    class Pair(TorchEngine):
+        layer_ids = (first.layer_idx, second.layer_idx)
+
+        def run_layers(self, calls, stream):  # both layers' calls: the first carries the activations
+            calls_made.append(calls[0].mode)
+            out = first.run(calls[0], stream)
+            c = calls[1]
+            return second.run(LayerCall(c.mode, StepInput(out.x, c.step.pack, out.residual, None, c.step.lora),
+                                        c.state, c.extra), stream)
+
+        def run(self, call, stream):  # a loop that hands a stack engine its first layer's call only
+            extra = s.stack.extra(call.mode, second.layer_idx, call.step.x.shape[0], getattr(call.extra, "at", None))
+            return self.run_layers((call, LayerCall(call.mode, call.step, s.pool.layers[second.layer_idx], extra)),
+                                   stream)
+
+    pair = Pair(first.layer, first.device)
+    s.selector.engines = [[pair], [pair], *s.selector.engines[2:]]
+    h, _ = inputs(s, 6, seed=9)
+    for sess in (ref, s):
+        q = [sess.add_sequence() for _ in range(2)]
+        sess.prefill_batch({q[0]: Prompt(h[:3]), q[1]: Prompt(h[3:5])})
+    want = ref.decode({0: h[5:6], 1: h[5:6]})
+    got = s.decode({0: h[5:6], 1: h[5:6]})
+    assert len(calls_made) == 2 and all(torch.equal(want[q], got[q]) for q in (0, 1))  # once per step
+    with s.begin_step(np.array([0, 1]), "decode") as st:
+        with pytest.raises(NoEngineError, match="runs its layer alone"):
+            st.layer(0, h[:2])
+        st.run(h[:2])
