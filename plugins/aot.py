@@ -147,12 +147,16 @@ def aot_kernel(spec: OpSpec, shapes: dict, dtypes: dict[str, str], attrs: dict[s
     `shapes` / `dtypes` (every input and output by name) and int `attrs`. `target`: a Triton GPUTarget; None =
     the current device (the GPU the engine is built on)."""
     p = family(spec)(spec, shapes, dtypes, attrs)
-    if target is None:
-        from triton.runtime import driver
-
-        target = driver.active.get_current_target()
+    target = default_target() if target is None else target
     c = compile_plan(p.fn, p.signature, p.constexprs, p.num_warps, p.num_stages, target, ptx_cap())
     return AotKernel(c.name, c.ptx, p.grid, c.num_warps * 32, c.shared, p.scalars, tuple(t for _, t in p.signature))
+
+
+def default_target():
+    """The GPU of this process (Triton's active driver): the one the engine is built on."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_target()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ tuning; `python -m gdn_trt.plugins.triton_aot` prints the table (measurements in
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
 import subprocess
@@ -65,8 +66,9 @@ class _Recorder:
 
     def __getitem__(self, grid):
         def launch(*args, num_warps: int = 4, num_stages: int = 3, **kwargs):
-            bound = dict(zip(self.fn.arg_names, args))
-            bound.update(kwargs)
+            defaults = {n: p.default for n, p in inspect.signature(self.fn.fn).parameters.items()
+                        if p.default is not inspect.Parameter.empty}
+            bound = {**defaults, **dict(zip(self.fn.arg_names, args)), **kwargs}
             missing = [n for n in self.fn.arg_names if n not in bound]
             if missing:
                 raise TypeError(f"{self.fn.__name__}: launch without {missing}")
