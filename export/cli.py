@@ -5,6 +5,7 @@
     gdn-trt export --checkpoint DIR --adapter LORA_DIR          # a PEFT LoRA adapter merged into the weights
     gdn-trt export --checkpoint DIR --lora-slots 4 --lora-rank 16   # per-sequence adapter slots as graph inputs
     gdn-trt export --preset tiny-3.5 --stack                    # one graph per run of consecutive GDN layers
+    gdn-trt export --preset tiny-3.5 --aot                      # every node one kernel (AOT plugins)
     gdn-trt build --onnx artifacts/onnx --out engines [--refittable]   # needs TensorRT >= 10.8
     gdn-trt refit --engines engines --onnx artifacts/onnx-merged    # new weights into --embed-weights plans
     gdn-trt compare --onnx artifacts/onnx [--backends torch,onnxrt,trt] [--device cpu|cuda]
@@ -64,6 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stack", action="store_true", default=False,
                    help="one graph per mode for each run of consecutive GDN layers (one enqueue per run and step) "
                         "instead of one per layer; default: per layer")
+    p.add_argument("--aot", action="store_true", default=False,
+                   help="the AOT form: the chunked GDN op and the conv prefill as chains of one-kernel pass plugins, "
+                        "so every node can take TensorRT's ahead-of-time kernel (gdn-trt build --plugins aot); "
+                        "default: one node per op (JIT plugins)")
     p.add_argument("--embed-weights", action="store_true", default=False,
                    help="weights inside the graphs as initializers (one copy per mode's plan; for refit and cost "
                         "measurements) instead of graph inputs bound from one copy per layer; default: inputs")
@@ -115,7 +120,7 @@ def run_export(args) -> int:
     limits = Limits(args.max_seqs, args.max_tokens, args.max_draft, args.pool_slots, args.seq_buckets,
                     args.token_buckets, lora)
     plan = ExportPlan(args.modes or tuple(LayerMode), args.layers, args.dtype, limits, args.adapter, args.stack,
-                      not args.embed_weights)
+                      not args.embed_weights, args.aot)
     total = len(plan.graph_layers(ck)) * len(plan.modes)
     with tqdm(total=total, desc=f"export {ck.config.name}", unit="graph", file=sys.stderr) as bar:
         def progress(rec):
