@@ -7,6 +7,7 @@
     gdn-trt export --preset tiny-3.5 --stack                    # one graph per run of consecutive GDN layers
     gdn-trt export --preset tiny-3.5 --aot                      # every node one kernel (AOT plugins)
     gdn-trt build --onnx artifacts/onnx --out engines [--refittable]   # needs TensorRT >= 10.8
+    gdn-trt build --onnx artifacts/onnx-aot --plugins aot       # plans that run without Python (TensorRT >= 10.9)
     gdn-trt refit --engines engines --onnx artifacts/onnx-merged    # new weights into --embed-weights plans
     gdn-trt compare --onnx artifacts/onnx [--backends torch,onnxrt,trt] [--device cpu|cuda]
 """
@@ -78,7 +79,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--onnx", type=Path, default=DEFAULT_ONNX, help="export folder (a model folder or its parent)")
     p.add_argument("--out", type=Path, default=Path("engines"))
     p.add_argument("--modes", type=_modes)
-    p.add_argument("--no-plugins", action="store_true", help="plugin-free build: TensorRT inlines the bodies")
+    p.add_argument("--plugins", choices=("auto", "jit", "aot", "none"), default="auto",
+                   help="how the custom nodes run: jit (Python QDPs: Python and Triton in the serving process), aot "
+                        "(compiled kernels in the plan, no Python; TensorRT >= 10.9, needs an `export --aot` graph), "
+                        "none (function bodies inlined); auto = aot for an --aot export, else jit")
+    p.add_argument("--no-plugins", action="store_true", help="= --plugins none")
     p.add_argument("--refittable", action="store_true", help="plans whose weights `gdn-trt refit` can replace")
     p.set_defaults(func=run_build)
 
@@ -152,14 +157,18 @@ def _tensorrt_or_none(command: str):
 
 def run_build(args) -> int:
     from .artifacts import Manifest
-    from .build import BuildOptions, build_graph
+    from .build import BuildOptions, build_graph, plugin_label
 
     trt = _tensorrt_or_none("build")
     if trt is None:
         return 2
-    opts = BuildOptions(args.out, plugins=not args.no_plugins, refittable=args.refittable)
-    print(f"TensorRT {trt.__version__}; plugins: {'gdn_trt (JIT QDP)' if opts.plugins else 'none (bodies inlined)'}")
     for m in Manifest.find(args.onnx):
+        impl = "none" if args.no_plugins else args.plugins
+        if impl == "auto":
+            impl = "aot" if m.data.get("form") == "aot" else "jit"
+        opts = BuildOptions(args.out, plugins=impl, refittable=args.refittable)
+        form = m.data.get("form", "jit")
+        print(f"TensorRT {trt.__version__}; plugins: {plugin_label(impl)}; {m.data['model']} ({form} form)")
         for rec in tqdm(m.select(args.modes), desc=f"build {m.data['model']}", unit="plan", file=sys.stderr):
             plan = build_graph(m, rec, opts)
             tqdm.write(f"{rec.spec.where} {rec.spec.stem}: {len(rec.spec.buckets)} profiles, "

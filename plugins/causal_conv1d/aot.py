@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..aot import KernelPlan, add, cdiv, pointer_signature, static
+from ..aot_plan import KernelPlan, add, cdiv, pointer_signature, static
 from ..spec import CONV_PREFILL_CHUNK, CONV_PREFILL_STATE, CONV_UPDATE, CONV_UPDATE_STASH, Activation, OpSpec
 from .triton import TUNING, conv_chunk_kernel, conv_state_kernel, conv_update_kernel
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from ..aot import KernelPlan, add, cdiv, pointer_signature, static
+from ..aot_plan import KernelPlan, add, cdiv, pointer_signature, static
 from ..spec import (GDN_CHUNK_OUT, GDN_CHUNK_SOLVE, GDN_CHUNK_STATE, GDN_CHUNK_WU, GDN_RECURRENT,
                     GDN_RECURRENT_STASH, OpSpec)
 from .triton import H200_SMS, TUNING, _rec_tiling, _v_tile
