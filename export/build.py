@@ -36,7 +36,7 @@ import onnx
 
 from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.plugins.spec import AOT_PLUGINS, NAMESPACE, PLUGIN_VERSION, PLUGINS_BY_NAME
-from gdn_trt.plugins.trt_common import context_memory
+from gdn_trt.plugins.trt_common import PLUGIN_MODULES, context_memory
 
 from .artifacts import GraphRecord, Manifest
 from .digest import graph_files, sha256_files
@@ -47,7 +47,6 @@ MIN_TRT = (10, 8)  # the oldest TensorRT whose plugin layer tests/test_trt_plugi
 MIN_TRT_AOT = (10, 9)  # `tensorrt.plugin.aot_impl` and PREFER_*_PYTHON_PLUGINS first in the 10.9 bindings
 PLUGIN_IMPLS = ("jit", "aot", "none")
 PREVIEW_FEATURES = ("ALIASED_PLUGIN_IO_10_03",)  # on; every other trt.PreviewFeature off (Polygraphy's semantics)
-PLUGIN_MODULES = ("gdn_trt.plugins.gated_delta_rule.trt", "gdn_trt.plugins.causal_conv1d.trt")
 INSTALL = ("TensorRT >= 10.8 with its Python bindings is needed (a Linux machine with an NVIDIA GPU and driver): "
            "pip install 'gdn-trt[trt]' (or pip install 'tensorrt>=10.8' from NVIDIA's package index); the exact "
            "steps are in docs/tensorrt.md")

@@ -27,6 +27,9 @@ import numpy.typing as npt
 
 from .spec import CHUNK_TOKENS, OpSpec, tensor
 
+# the modules whose import registers the `gdn_trt` creators (JIT and AOT impls) with TensorRT
+PLUGIN_MODULES = ("gdn_trt.plugins.gated_delta_rule.trt", "gdn_trt.plugins.causal_conv1d.trt")
+
 # TensorRT DataType name -> (torch dtype name, __cuda_array_interface__ typestr of the same width); bf16 travels as
 # int16 because `tensorrt.plugin.Tensor.__cuda_array_interface__` refuses bf16 (its `_tensor.py`, 10.8 to 11.4)
 _TYPES = {"FLOAT": ("float32", "<f4"), "HALF": ("float16", "<f2"), "BF16": ("bfloat16", "<i2"),
