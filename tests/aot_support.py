@@ -161,3 +161,53 @@ def check_conv(case: Case, conv: Conv, dtype: torch.dtype, device: str, launch: 
 def conv_attrs(conv: Conv) -> dict:
     return {"dilation": conv.dilation, "activation": conv.activation}
 
+
+
+def run_body(spec: OpSpec, tensors: dict[str, Tensor], attrs: dict, like: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The pass plugin `spec`'s ONNX function body, alone in a graph, run by ONNX Runtime on `tensors` (fp32 / int32
+    CPU tensors by name; outputs typed like `like`): its outputs by name."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from gdn_trt.plugins.causal_conv1d import onnx as conv_onnx
+    from gdn_trt.plugins.gated_delta_rule import onnx_passes
+    from gdn_trt.plugins.spec import NAMESPACE, PLUGIN_VERSION
+
+    types = {torch.float32: TensorProto.FLOAT, torch.int32: TensorProto.INT32}
+    node = helper.make_node(spec.name, list(spec.inputs), list(spec.outputs), domain=NAMESPACE,
+                            plugin_namespace=NAMESPACE, plugin_version=PLUGIN_VERSION, **attrs)
+    ins = [helper.make_tensor_value_info(n, types[tensors[n].dtype], list(tensors[n].shape)) for n in spec.inputs]
+    outs = [helper.make_tensor_value_info(n, types[like[n].dtype], [f"{n}{i}" for i in range(like[n].dim())])
+            for n in spec.outputs]
+    fn = {f.name: f for f in (*onnx_passes.functions(), *conv_onnx.pass_functions())}[spec.name]
+    model = helper.make_model(helper.make_graph([node], spec.name, ins, outs), functions=[fn],
+                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(NAMESPACE, 1)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {n: tensors[n].numpy() for n in spec.inputs})
+    return {n: torch.from_numpy(g) for n, g in zip(spec.outputs, got)}
+
+
+def recording(launch: Launch, log: list) -> Launch:
+    """`launch` that also appends (spec, attrs, inputs before, outputs after) of each plugin to `log` (CPU clones)."""
+
+    def run(spec: OpSpec, shapes: dict, dtypes: dict, attrs: dict, tensors: dict) -> None:
+        before = {n: tensors[n].detach().cpu().clone() for n in spec.inputs}
+        launch(spec, shapes, dtypes, attrs, tensors)
+        log.append((spec, attrs, before, {n: tensors[n].detach().cpu().clone() for n in spec.outputs}))
+
+    return run
+
+
+def check_bodies_against_kernels(log: list) -> int:
+    """Each recorded pass's ONNX body on the inputs its kernel had, against the kernel's outputs at every element
+    the kernel wrote (finite: outputs and intermediates start NaN). Returns the number of elements compared."""
+    compared = 0
+    for spec, attrs, before, after in log:
+        body = run_body(spec, before, attrs, after)
+        for o in spec.outputs:
+            written = torch.isfinite(after[o])
+            assert written.any(), f"{spec.name}: the kernel wrote no element of {o}"
+            assert_close(f"{spec.name}.{o}", after[o][written].double(), body[o][written], tol(torch.float32, "chunked"))
+            compared += int(written.sum())
+    return compared

@@ -212,3 +212,20 @@ else:
                 (CONV_PREFILL, Step((1,), (4,), (1,)), ("T", "S"), silu),
                 (CONV_PREFILL, Step((65,), (0,), (-1,)), ("T", "S"), dil)]:
             check_conv(Case(op, step, free, conv_attrs(conv)), conv, F32, "cpu", interpret_launch)
+
+    def test_aot_pass_bodies_compute_what_their_kernels_compute():
+        # each pass's ONNX function body (what ONNX Runtime runs, and TensorRT without the plugins) against its
+        # kernel on the kernel's own inputs, intermediates included, at every element the kernel writes
+        from .aot_support import (CONV_PREFILL, GDN_CHUNKED, Case, check_bodies_against_kernels, check_conv,
+                                  check_gdn, conv_attrs, interpret_launch, recording)
+
+        log = []
+        check_gdn(Case(GDN_CHUNKED, Step((1, 70, 0, 5, 66), (0, 3, 5, -1, 6), (1, 64, 0, 2, 33))), Heads(1, 2, 48, 40),
+                  F32, "cpu", recording(interpret_launch, log))
+        conv = Conv(24, dilation=3)
+        check_conv(Case(CONV_PREFILL, Step((3, 0, 5, 70), (1, 2, -1, 5), (2, 0, 1, 65)), attrs=conv_attrs(conv)),
+                   conv, F32, "cpu", recording(interpret_launch, log))
+        assert [spec.name for spec, *_ in log] == [
+            "gated_delta_rule_chunk_solve", "gated_delta_rule_chunk_wu", "gated_delta_rule_chunk_state",
+            "gated_delta_rule_chunk_out", "causal_conv1d_prefill_chunk", "causal_conv1d_prefill_state"]
+        assert check_bodies_against_kernels(log) > 0

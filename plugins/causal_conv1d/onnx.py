@@ -93,7 +93,7 @@ def chunk_body() -> list[onnx.NodeProto]:
     silu = b.op("Equal", b.attr_int("activation"), b.const(Activation.SILU))
     y = b.op("Where", silu, b.op("Mul", y, b.op("Sigmoid", y)), y)
     inside = b.op("And", pk.valid, b.op("GreaterOrEqual", pk.pos, b.op("Mul", b.op("Sub", W, one), dilation)))
-    y = b.op("Where", b.unsq(inside, 1), y, b.op("Sub", y, y))
+    y = b.op("Where", b.unsq(inside, 1), y, b.const(0.0, "float32"))
     b.nodes.append(onnx.helper.make_node("CastLike", [y, "x"], ["y_part"]))
     return b.nodes
 

@@ -83,7 +83,7 @@ class Chunks:
         """x [T, HV] or [T, HV, D] (`rank` 2 or 3, fp32) on the grid, rows without a token zero: [C, HV, 64(, D)]."""
         g = b.op("Gather", x, self.tok, axis=0)  # [C, 64, HV(, D)]
         rank += 1
-        g = b.op("Where", b.unsq(self.rv, 2, 3) if rank == 4 else b.unsq(self.rv, 2), g, b.op("Sub", g, g))
+        g = b.op("Where", b.unsq(self.rv, 2, 3) if rank == 4 else b.unsq(self.rv, 2), g, b.const(0.0, "float32"))
         return b.op("Transpose", g, perm=[0, 2, 1, 3] if rank == 4 else [0, 2, 1])
 
     def tokens(self, b: Body, g: str, rank: int) -> str:
@@ -146,7 +146,7 @@ def _forward_substitution(b: Body, A: str) -> str:
     new = tb.op("Sub", tb.op("Gather", eye, tb.op("Reshape", r, tb.const([1])), axis=0), tb.op("MatMul", a_r, T))
     sel = tb.unsq(tb.op("Equal", rows, r), 1)  # [64, 1]
     outs = [tb.op("Identity", cond), tb.op("Where", sel, new, T)]
-    zeros = b.op("Sub", A, A)
+    zeros = b.op("ConstantOfShape", b.op("Shape", A))
     return loop(b, b.const(BT), tb.graph("forward_substitution", [r, cond, T], outs), [zeros])[0]
 
 
@@ -186,7 +186,7 @@ def state_body() -> list[onnx.NodeProto]:
                                                  "ssm_capture"), "ssm_capture")
     at_end = b.op("And", b.op("Equal", at, pk.length), b.op("Greater", pk.length, b.const(0)))
     h0 = b.op("ConstantOfShape", b.op("Concat", ch.C, b.op("Shape", "ssm_pool", start=1), axis=0))
-    vn0 = b.op("Sub", U, U)
+    vn0 = b.op("ConstantOfShape", b.op("Shape", U))
     tb = b.sub()
     c, cond = f"chunk_{next(tb._count)}", f"cond_{next(tb._count)}"
     S, h, vn, pool, cap = (f"{n}_{next(tb._count)}" for n in ("S", "h", "vn", "pool", "cap"))
@@ -239,7 +239,7 @@ def out_body() -> list[onnx.NodeProto]:
     inter = b.op("Mul", b.op("MatMul", Q, b.cast("h")), b.unsq(b.op("Mul", rqg, b.op("Exp", gam)), 3))
     vn = ch.grid(b, b.cast("v_new"), 3)  # [C, HV, 64, V]
     o = ch.tokens(b, b.op("Add", inter, b.op("MatMul", _rdt(b, p, "v_new"), vn)), 4)  # [T, HV, V]
-    o = b.op("Where", bcast(b, ch.pk.valid, 3), o, b.op("Sub", o, o))  # padding sequences: zero rows
+    o = b.op("Where", bcast(b, ch.pk.valid, 3), o, f0)  # padding sequences: zero rows
     b.nodes.append(onnx.helper.make_node("CastLike", [o, "q"], ["o"]))
     return b.nodes
 
