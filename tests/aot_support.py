@@ -208,6 +208,7 @@ def check_bodies_against_kernels(log: list) -> int:
         for o in spec.outputs:
             written = torch.isfinite(after[o])
             assert written.any(), f"{spec.name}: the kernel wrote no element of {o}"
-            assert_close(f"{spec.name}.{o}", after[o][written].double(), body[o][written], tol(torch.float32, "chunked"))
+            assert_close(f"{spec.name}.{o}", after[o][written].double(), body[o][written],
+                         tol(torch.float32, "chunked"))
             compared += int(written.sum())
     return compared
