@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import re
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -68,6 +69,8 @@ class Compiled:
     ptx: str
     num_warps: int
     shared: int
+    cubin: bytes  # what ptxas made of the PTX here (registers and spills: `triton_aot --aot`)
+    seconds: float  # wall time of triton.compile on this machine
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,12 +89,14 @@ def compile_plan(fn, signature: tuple, constexprs: tuple, num_warps: int, num_st
     options = dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=True)  # fusion: the JIT's default
     if ptx_version is not None:
         options["ptx_version"] = ptx_version
+    t0 = time.perf_counter()
     k = triton.compile(ASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs), target=target, options=options)
+    seconds = time.perf_counter() - t0
     check_metadata(k.metadata, fn.__name__)
     ptx = k.asm["ptx"]
     if ptx_version is not None and ptx_isa(ptx) > ptx_version:
         raise RuntimeError(f"{fn.__name__}: PTX ISA {ptx_isa(ptx)} above the cap {ptx_version}")
-    return Compiled(k.metadata.name, ptx, k.metadata.num_warps, k.metadata.shared)
+    return Compiled(k.metadata.name, ptx, k.metadata.num_warps, k.metadata.shared, k.asm["cubin"], seconds)
 
 
 def check_metadata(md, name: str) -> None:
