@@ -4,7 +4,8 @@
 
 1. Environment: TensorRT >= `MIN_TRT`, a CUDA device, Triton. Without any of them it exits 2 and names everything
    missing; it never reports a result it did not obtain.
-2. Plugins: the plugin modules import and TensorRT's registry resolves all six creators (name, "1", "gdn_trt").
+2. Plugins: the plugin modules import and TensorRT's registry resolves all twelve creators (name, "1", "gdn_trt"):
+   the six ops and the six pass plugins of their AOT form.
 3. Parse and build, at Qwen3-Next's layer shapes: a one-node graph of `gated_delta_rule_recurrent` (decode, a
    65-slot fp32 pool of 136 MB) and one of `causal_conv1d_update` (dilation 2: the int attributes reach the real
    parser and creator).
@@ -20,7 +21,8 @@
    TensorRT copies the pool every step despite the aliasing. With `nsys` on PATH the in-place loop is also
    profiled and the device-to-device memcpys and kernels per step are listed.
 7. The whole flow (`selftest_flow.py`, `--no-flow` skips it): export, build every mode per layer and as stacks,
-   compare torch vs ONNX Runtime vs TensorRT, the continuous-batching scenario on the TensorRT engines.
+   compare torch vs ONNX Runtime vs TensorRT, the continuous-batching scenario on the TensorRT engines; and one
+   model in the AOT form (`--aot`, `--plugins aot`), whose plans also run in a fresh process without gdn_trt.
 8. The cost of weights as graph inputs (`--no-cost` skips it): one Qwen3-Next layer's plan with weights as inputs
    against one with the weights inside: device memory when deserialized, device time per step, outputs compared.
 
@@ -49,7 +51,7 @@ from gdn_trt.model.config import preset
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.gated_delta_rule.io import GdnInputs
 from gdn_trt.plugins.packing import Packing
-from gdn_trt.plugins.spec import CONV_UPDATE, GDN_RECURRENT, NAMESPACE, OPS, PLUGIN_VERSION, OpSpec
+from gdn_trt.plugins.spec import CONV_UPDATE, GDN_RECURRENT, NAMESPACE, PLUGIN_VERSION, PLUGINS, OpSpec
 
 MODEL = "qwen3-next-80b-a3b"
 SLOTS, SEQ_SLOTS, DILATION = 65, (3, 17, 40, 64), 2
@@ -213,14 +215,17 @@ def copies_per_step(in_place_us: float, kernel_us: float, copy_us: float) -> flo
 
 
 def build(trt, spec: OpSpec, feeds: dict, attrs: dict, out: Path):
-    from polygraphy.backend.trt import EngineFromNetwork, NetworkFromOnnxPath
+    """The one-node graph built with the JIT plugin (the Triton kernel it launches is what the checks compare
+    against; PREFER_JIT_PYTHON_PLUGINS where the op also has an AOT impl)."""
+    from polygraphy.backend.trt import EngineFromNetwork
 
-    from gdn_trt.export.build import create_config
+    from gdn_trt.export.build import create_config, network_flags, network_loader
 
     path = out / f"{spec.name}.onnx"
     path.write_bytes(one_op_model(spec, {k: v.cpu() for k, v in feeds.items()}, attrs).SerializeToString())
     t0 = time.perf_counter()
-    engine = EngineFromNetwork(NetworkFromOnnxPath(str(path), strongly_typed=True), config=create_config(trt, []))()
+    network = network_loader(trt, path, network_flags(trt, "jit"))
+    engine = EngineFromNetwork(network, config=create_config(trt, []))()
     (out / f"{spec.name}.plan").write_bytes(bytes(engine.serialize()))
     return engine, time.perf_counter() - t0
 
@@ -386,8 +391,9 @@ def main(argv: list[str] | None = None) -> int:
             gpu=torch.cuda.get_device_name(0), python=sys.version.split()[0])
     load_plugins()
     reg = trt.get_plugin_registry()
-    found = {s.name: reg.get_creator(s.name, PLUGIN_VERSION, NAMESPACE) is not None for s in OPS}
-    rep.add("plugin creators registered", all(found.values()), missing=[n for n, ok in found.items() if not ok])
+    found = {s.name: reg.get_creator(s.name, PLUGIN_VERSION, NAMESPACE) is not None for s in PLUGINS}
+    rep.add("plugin creators registered", all(found.values()), missing=[n for n, ok in found.items() if not ok],
+            creators=len(found))
     dev = torch.device("cuda")
     gdn = check_op(trt, GDN_RECURRENT, gdn_feeds(torch.bfloat16, dev), {}, rep, args.out)
     check_op(trt, CONV_UPDATE, conv_feeds(torch.bfloat16, dev), {"dilation": DILATION, "activation": 1}, rep,

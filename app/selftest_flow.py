@@ -2,14 +2,19 @@
 what a user accepts on a machine with TensorRT, on the tiny models, every result obtained, none assumed.
 
 Per model of `MODELS` (tiny-3.5 per layer and as one stack of its three GDN layers, tiny-4exp per layer: hc and
-hc+PLE, and a tiny-4exp with a dense MLP in each GDN layer as one hc / hc+PLE stack), with per-sequence LoRA slots:
-1. export every mode (float32: the comparison feeds numpy), weights as graph inputs;
-2. build every graph with the `gdn_trt` plugins (`gdn-trt build`), which also writes `config.json`;
+hc+PLE, a tiny-4exp with a dense MLP in each GDN layer as one hc / hc+PLE stack, and tiny-3.5 per layer in the AOT
+form), with per-sequence LoRA slots:
+1. export every mode (float32: the comparison feeds numpy), weights as graph inputs (`--aot` for the AOT model);
+2. build every graph with the `gdn_trt` plugins (`gdn-trt build`; JIT, or `--plugins aot` for the AOT model: the
+   kernels in the plans), which also writes `config.json`;
 3. compare torch (CUDA, Triton kernels) against ONNX Runtime and TensorRT on every graph (`gdn-trt compare`);
 4. run the continuous-batching scenario (`app/scenario.py`: joins, leaves, verify with partial acceptance, prefix
    restore, snapshot fork, three LoRA adapters) on backend="trt" over those plans, every output checked against the
    float64 reference; the engines the session chose (`trt-stack` for a stack model) and its CUDA-graph captures and
-   gate failures (JIT plugins under capture: open item 4 of docs/tensorrt.md) are reported.
+   gate failures (JIT plugins under capture: open item 4 of docs/tensorrt.md) are reported;
+5. for the AOT model only: every plan loaded and run in a fresh Python process with no gdn_trt import (only
+   tensorrt, numpy and torch for buffers: no Python plugin exists there), its outputs against torch's
+   (`selftest_aot.py`). TensorRT < 10.9 has no AOT plugins: the AOT model is then reported as skipped.
 Then the cost of weights as graph inputs at Qwen3-Next's layer size (`weights_cost`): one decode_multi_seq layer in
 bf16 exported twice (weights as inputs, weights inside), both built, the device memory each plan takes when
 deserialized and the device time per step of each, with the two outputs compared.
@@ -55,10 +60,12 @@ class FlowModel:
     label: str
     cfg: GdnConfig
     stack: bool
+    aot: bool = False  # exported --aot and built --plugins aot
 
 
 MODELS = (FlowModel("tiny-3.5", preset("tiny-3.5"), False), FlowModel("tiny-3.5 stack", preset("tiny-3.5"), True),
-          FlowModel("tiny-4exp", preset("tiny-4exp"), False), FlowModel("tiny-4exp-dense stack", hc_dense(), True))
+          FlowModel("tiny-4exp", preset("tiny-4exp"), False), FlowModel("tiny-4exp-dense stack", hc_dense(), True),
+          FlowModel("tiny-3.5 aot", preset("tiny-3.5"), False, aot=True))
 
 
 def run_flow(out: Path, rep, models: tuple[FlowModel, ...] = MODELS) -> None:
@@ -89,34 +96,51 @@ def _stage(rep, name: str, fn) -> object | None:
 
 
 def _model(fm: FlowModel, ck: Checkpoint, root: Path, rep) -> None:
+    import tensorrt as trt
+
+    from gdn_trt.export.build import MIN_TRT_AOT
+
+    if fm.aot and tuple(int(x) for x in trt.__version__.split(".")[:2]) < MIN_TRT_AOT:
+        rep.add(f"{fm.label}: AOT plugins", None, skipped=f"TensorRT {trt.__version__} has no aot_impl (>= 10.9)")
+        return
     layers = {lw.index: GdnLayer(ck.config, lw, torch.float32).eval() for lw in ck.layers}
     m = _stage(rep, f"{fm.label}: export", lambda: _export(fm, ck, root))
     engines = root / "engines"
-    built = m is not None and _stage(rep, f"{fm.label}: build", lambda: _build(m, engines))
+    built = m is not None and _stage(rep, f"{fm.label}: build", lambda: _build(m, engines, "aot" if fm.aot else "jit"))
     if not built:
         rep.add(f"{fm.label}: compare, scenario", None, skipped="no plans (see the rows above)")
         return
     _stage(rep, f"{fm.label}: compare torch vs onnxrt vs trt", lambda: _compare(m, layers, engines, root))
     _stage(rep, f"{fm.label}: scenario on the TensorRT engines", lambda: _scenario(fm, ck, engines, root))
+    if fm.aot:
+        _stage(rep, f"{fm.label}: plans run in a process without gdn_trt", lambda: _no_python(m, layers, engines, root))
+
+
+def _no_python(m: Manifest, layers: dict, engines: Path, root: Path):
+    from .selftest_aot import run_without_python_plugins
+
+    ok, facts = run_without_python_plugins(m, engines, layers, root / "no-python")
+    return ok, None, facts
 
 
 def _export(fm: FlowModel, ck: Checkpoint, root: Path):
-    m = Manifest.load(export_checkpoint(ck, root / "onnx", ExportPlan(layers="all", limits=EXPORT, stack=fm.stack)))
+    plan = ExportPlan(layers="all", limits=EXPORT, stack=fm.stack, aot=fm.aot)
+    m = Manifest.load(export_checkpoint(ck, root / "onnx", plan))
     runs = sorted({g.spec.layer_ids for g in m.graphs})
     return True, m, {"graphs": len(m.graphs), "layer_sets": [list(r) for r in runs]}
 
 
-def _build(m: Manifest, engines: Path):
+def _build(m: Manifest, engines: Path, plugins: str = "jit"):
     from gdn_trt.export.build import BuildOptions, build_graph
 
     sizes, failed = [], []
     for rec in m.graphs:
         try:
-            sizes.append(build_graph(m, rec, BuildOptions(engines)).stat().st_size)
+            sizes.append(build_graph(m, rec, BuildOptions(engines, plugins=plugins)).stat().st_size)
         except Exception as e:  # noqa: BLE001 - every graph is tried; the row names the failures
             failed.append(f"{rec.path}: {type(e).__name__}: {str(e)[:200]}")
     config = engines / "config.json"
-    facts = {"plans": f"{len(sizes)}/{len(m.graphs)}", "plan_mb": round(sum(sizes) / 1e6, 2),
+    facts = {"plans": f"{len(sizes)}/{len(m.graphs)}", "plugins": plugins, "plan_mb": round(sum(sizes) / 1e6, 2),
              "config_json": config.exists(), "failed": failed[:3]}
     return not failed and config.exists(), True, facts
 

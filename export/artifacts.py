@@ -6,9 +6,10 @@ its per-layer graph), beside each graph its Polygraphy data loader `<stem>_data.
 <graph> --onnxrt --data-loader-script <stem>_data.py`, the weight inputs fed from the checkpoint), and
 `manifest.json` with the checkpoint path, config hash, limits, tool versions, whether the weights are graph inputs
 (the default) or inside the graphs (`--embed-weights`, + `.onnx.data`), the LoRA adapter merged into the weights
-(path and digest; `ExportPlan.adapter`), the engine config a loader reads (`engine_config.py`), and per graph its
-GraphSpec, layers, node counts, size and sha256. Every path in the manifest is relative to its folder, so an export
-moved together with its checkpoint (a preset's synthetic checkpoint sits inside it) keeps resolving them.
+(path and digest; `ExportPlan.adapter`), the form (`jit`, or `aot` with `--aot`: the multi-kernel ops as chains of
+pass plugins, `aot_form.py`), the engine config a loader reads (`engine_config.py`), and per graph its GraphSpec,
+layers, node counts, size and sha256. Every path in the manifest is relative to its folder, so an export moved
+together with its checkpoint (a preset's synthetic checkpoint sits inside it) keeps resolving them.
 `gdn-trt build` and `gdn-trt compare` read the manifest.
 """
 
@@ -51,6 +52,7 @@ class ExportPlan:
     adapter: Path | None = None  # a PEFT LoRA adapter merged into the weights before export (W + scale B A)
     stack: bool = False  # one graph per run of consecutive GDN layers (`gdn_runs`) instead of one per layer
     weights: bool = True  # weights as graph inputs; False = inside the graphs as initializers (--embed-weights)
+    aot: bool = False  # the AOT form: multi-kernel ops as chains of one-kernel pass plugins (`aot_form.py`)
 
     def graph_layers(self, ck: Checkpoint | GdnConfig) -> list[tuple[int, ...]]:
         """The layers of each graph to export (per mode): one layer each, or with `stack` each run of the planned
@@ -158,7 +160,7 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
     for ids in plan.graph_layers(ck):
         layers = [GdnLayer(cfg, by_index[i], DTYPES[dtype]).eval() for i in ids]
         for mode in plan.modes:
-            spec = graph_spec(cfg, ids if len(ids) > 1 else ids[0], mode, plan.limits, dtype, plan.weights)
+            spec = graph_spec(cfg, ids if len(ids) > 1 else ids[0], mode, plan.limits, dtype, plan.weights, plan.aot)
             path = export_graph(layers, spec, root / spec.folder / f"{spec.stem}.onnx")
             rec = _record(spec, path, root)
             write_loader_script(path, spec)
@@ -168,7 +170,7 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
     manifest = {
         "model": cfg.name, "config_hash": cfg.config_hash(), "checkpoint": _portable(ck.path, root),
         "adapter": merged, "dtype": dtype, "limits": GraphSpec.to_json(records[0].spec)["limits"] if records else None,
-        "weights": "inputs" if plan.weights else "inside", "stack": plan.stack,
+        "weights": "inputs" if plan.weights else "inside", "stack": plan.stack, "form": "aot" if plan.aot else "jit",
         "engine_config": engine_config(cfg, dtype, plan.limits, [r.spec for r in records], plan.weights),
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__},
         "graphs": [r.to_json() for r in records],

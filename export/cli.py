@@ -34,6 +34,7 @@ EXPORT_EXAMPLES = """examples:
   gdn-trt export --checkpoint DIR --lora-slots 4 --lora-rank 16      # per-sequence adapter slots as graph inputs
   gdn-trt export --preset tiny-3.5 --stack           # one graph per run of consecutive GDN layers: stack<a>-<b>/
   gdn-trt export --checkpoint DIR --embed-weights    # weights inside the graphs (for gdn-trt refit, trtexec)
+  gdn-trt export --preset tiny-3.5 --aot --out artifacts/onnx-aot   # every node one kernel (AOT plugins)
 
 The folder gets manifest.json, layer<i>/<mode>.onnx (stack<a>-<b>/<mode>.onnx with --stack; + .onnx.data with
 --embed-weights) and beside each graph a Polygraphy data loader (the weight inputs fed from the checkpoint):
@@ -45,6 +46,8 @@ BUILD_EXAMPLES = """examples:
   gdn-trt build --onnx exp/next --out /srv/engines/next --workspace 4G --timing-cache /srv/next.cache \\
       --builder-optimization-level 5 --verbose
   gdn-trt build --onnx exp/next-embedded --refittable   # an --embed-weights export: plans refit can give new weights
+  gdn-trt build --onnx artifacts/onnx-aot --out engines/aot   # an --aot export: plans that run without Python
+                                                              # (--plugins auto picks aot; TensorRT >= 10.9)
 
 Flags TensorRT users know: trtexec --memPoolSize=workspace:4096 (MiB), --timingCacheFile, --builderOptimizationLevel,
 --verbose; Polygraphy --pool-limit workspace:4G, --builder-optimization-level; TensorRT-LLM --max_batch_size,
@@ -129,6 +132,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stack", action="store_true", default=False,
                    help="one graph per mode for each run of consecutive GDN layers (one enqueue per run and step) "
                         "instead of one per layer; default: per layer")
+    p.add_argument("--aot", action="store_true", default=False,
+                   help="the AOT form: the chunked GDN op and the conv prefill as chains of one-kernel pass plugins, "
+                        "so every node can take TensorRT's ahead-of-time kernel (gdn-trt build --plugins aot); "
+                        "default: one node per op (JIT plugins)")
     p.add_argument("--embed-weights", action="store_true", default=False,
                    help="weights inside the graphs as initializers (one copy per mode's plan; for refit and cost "
                         "measurements) instead of graph inputs bound from one copy per layer; default: inputs")
@@ -142,7 +149,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path,
                    help=f"the plans folder (default: {ENGINES_ROOT}/<model>); with several exports, <out>/<model>")
     p.add_argument("--modes", type=_modes, help="comma-separated layer modes (default: all exported)")
-    p.add_argument("--no-plugins", action="store_true", help="plugin-free build: TensorRT inlines the function bodies")
+    p.add_argument("--plugins", choices=("auto", "jit", "aot", "none"), default="auto",
+                   help="how the custom nodes run: jit (Python QDPs: Python and Triton in the serving process), aot "
+                        "(compiled kernels in the plan, no Python; TensorRT >= 10.9, needs an `export --aot` graph), "
+                        "none (function bodies inlined); auto = aot for an --aot export, else jit")
+    p.add_argument("--no-plugins", action="store_true", help="= --plugins none")
     p.add_argument("--refittable", action="store_true", help="plans whose weights `gdn-trt refit` can replace")
     p.add_argument("--workspace", type=cliargs.byte_size,
                    help="workspace memory pool limit, e.g. 4G (default: TensorRT's, the device memory)")
@@ -213,7 +224,7 @@ def run_export(args) -> int:
     limits = Limits(args.max_seqs, args.max_tokens, args.max_draft, args.pool_slots, args.seq_buckets,
                     args.token_buckets, lora)
     plan = ExportPlan(args.modes or tuple(LayerMode), args.layers, args.dtype, limits, args.adapter, args.stack,
-                      not args.embed_weights)
+                      not args.embed_weights, args.aot)
     total = len(plan.graph_layers(cfg)) * len(plan.modes)
     if args.adapter is not None:
         load_adapter(args.adapter, cfg)
@@ -275,19 +286,19 @@ def check_limits(args, manifests) -> None:
                                  f"graphs' shapes: export again with {flag} {want}")
 
 
-def build_options(args, out: Path):
+def build_options(args, out: Path, plugins: str = "jit"):
     from .build import BuilderTuning, BuildOptions
 
     pools = dict(args.pool_limit)
     if args.workspace is not None:
         pools["workspace"] = args.workspace
     tuning = BuilderTuning(tuple(pools.items()), args.timing_cache, args.opt_level)
-    return BuildOptions(out, plugins=not args.no_plugins, refittable=args.refittable, tuning=tuning)
+    return BuildOptions(out, plugins=plugins, refittable=args.refittable, tuning=tuning)
 
 
 def run_build(args) -> int:
     from .artifacts import Manifest
-    from .build import build_graph
+    from .build import build_graph, plugin_label
 
     manifests = Manifest.find(args.onnx)
     check_limits(args, manifests)
@@ -299,9 +310,12 @@ def run_build(args) -> int:
 
         G_LOGGER.module_severity = G_LOGGER.VERBOSE  # Polygraphy's TensorRT logger follows it
     for m in manifests:
-        opts = build_options(args, plans_dir(args.out, m.data["model"], len(manifests) > 1))
-        print(f"TensorRT {trt.__version__}; plugins: {'gdn_trt (JIT QDP)' if opts.plugins else 'none (bodies inlined)'}"
-              f"; {m.root} -> {opts.out}")
+        impl = "none" if args.no_plugins else args.plugins
+        if impl == "auto":
+            impl = "aot" if m.data.get("form") == "aot" else "jit"
+        opts = build_options(args, plans_dir(args.out, m.data["model"], len(manifests) > 1), impl)
+        form = m.data.get("form", "jit")
+        print(f"TensorRT {trt.__version__}; plugins: {plugin_label(impl)}; {m.root} ({form} form) -> {opts.out}")
         for rec in tqdm(m.select(args.modes), desc=f"build {m.data['model']}", unit="plan", file=sys.stderr):
             plan = build_graph(m, rec, opts)
             tqdm.write(f"{rec.spec.where} {rec.spec.stem}: {len(rec.spec.buckets)} profiles, "

@@ -9,7 +9,8 @@ buffers replaced by the weight inputs, so the trace reads them from the inputs a
 (a GraphSpec with `weights_inside` traces the buffers instead: initializers in an external data file). Then
 ONNX-GraphSurgeon cleans the graph (dead values, topological order, I/O dims renamed to the GraphSpec symbols,
 exporter metadata such as source paths dropped so that the file depends on nothing but its inputs), the model-local
-functions of the custom ops are attached, and `onnx.checker` checks the saved file.
+functions of the custom ops are attached, and `onnx.checker` checks the saved file. A GraphSpec of the AOT form
+(`aot`) has its multi-kernel ops replaced by their pass chains before the functions are attached (`aot_form.py`).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from gdn_trt.model.modes import LayerMode, Writes
 from gdn_trt.model.state import LayerState, StateCapture, StateStash, StepInput
 from gdn_trt.plugins.causal_conv1d import onnx as conv_onnx
 from gdn_trt.plugins.gated_delta_rule import onnx as gdn_onnx
+from gdn_trt.plugins.gated_delta_rule import onnx_passes as gdn_passes
 from gdn_trt.plugins.onnx_common import BODY_OPSET
 from gdn_trt.plugins.packing import Packing
 from gdn_trt.plugins.spec import NAMESPACE
 
+from .aot_form import to_aot
 from .spec import GraphSpec, Limits, graph_spec
 
 OPSET = BODY_OPSET
@@ -107,7 +110,8 @@ def translation_table() -> dict:
 
 
 def _functions() -> dict[str, onnx.FunctionProto]:
-    return {f.name: f for f in (*gdn_onnx.functions(), *conv_onnx.functions())}
+    return {f.name: f for f in (*gdn_onnx.functions(), *conv_onnx.functions(), *gdn_passes.functions(),
+                                *conv_onnx.pass_functions())}
 
 
 def example_inputs(spec: GraphSpec, sizes: dict[str, int] | None = None) -> tuple[Tensor, ...]:
@@ -178,6 +182,8 @@ def export_graph(layers: GdnLayer | list[GdnLayer], spec: GraphSpec, path: Path)
             input_names=list(spec.input_names), output_names=list(spec.output_names), optimize=True, verbose=False)
     _log.debug("torch.onnx.export of %s:\n%s", path, chatter.getvalue())
     model = _clean(prog.model_proto, spec)
+    if spec.aot:
+        to_aot(model, spec)
     _attach_functions(model)
     model.producer_name, model.producer_version = "gdn-trt", "1"
     data = path.with_name(path.name + ".data")
@@ -189,8 +195,8 @@ def export_graph(layers: GdnLayer | list[GdnLayer], spec: GraphSpec, path: Path)
 
 
 def export_mode(layer: GdnLayer, mode: LayerMode, out_dir: str | Path, limits: Limits = Limits(),
-                weights: bool = True) -> Path:
+                weights: bool = True, aot: bool = False) -> Path:
     """Export one mode of `layer` to `<out_dir>/<mode>[+hc][+ple].onnx` (weights as inputs unless `weights` is
-    False); returns the path."""
-    spec = graph_spec(layer.cfg, layer.index, mode, limits, dtype_name(layer.dtype), weights)
+    False; the AOT form with `aot`); returns the path."""
+    spec = graph_spec(layer.cfg, layer.index, mode, limits, dtype_name(layer.dtype), weights, aot)
     return export_graph(layer, spec, Path(out_dir) / f"{spec.stem}.onnx")

@@ -137,5 +137,7 @@ def trt_runner(spec: GraphSpec, onnx_path: Path, plan: Path | None = None, bucke
     load_plugins()
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
-    loader = EngineFromBytes(plan.read_bytes()) if plan else engine_loader(spec, onnx_path)
+    # an in-memory build takes the AOT kernels for an AOT-form graph (TensorRT >= 10.9), the JIT plugins otherwise
+    loader = EngineFromBytes(plan.read_bytes()) if plan else engine_loader(spec, onnx_path,
+                                                                           "aot" if spec.aot else "jit")
     return TrtRunner(loader, name="trt", optimization_profile=bucket)

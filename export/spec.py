@@ -33,8 +33,10 @@ from gdn_trt.model.dtypes import ACTIVATION_DTYPES, DTYPES
 from gdn_trt.model.layer import weight_shapes
 from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.modes import SEQS, TOKENS, LayerMode, Split, Writes
+from gdn_trt.plugins.spec import AOT_CHAINS, CHUNK_TOKENS, CONV_PREFILL, GDN_CHUNKED, tensor
 
 SLOTS = "S"
+CHUNKS = "C"
 
 
 class Variant(str, enum.Enum):
@@ -59,6 +61,7 @@ class Role(str, enum.Enum):
     CAPTURE = "capture"  # [N, ...] prefix snapshot (prefill modes)
     ADAPTER = "adapter"  # [L, R, ...] LoRA adapter slots (read only, static shape)
     WEIGHT = "weight"  # a layer's weights (read only, static shape), bound from the runtime's one copy
+    SCRATCH = "scratch"  # AOT form: an intermediate between two pass plugins (not graph I/O; TensorRT's activations)
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,8 @@ class GraphSpec:
     outputs: tuple[TensorSpec, ...]
     buckets: tuple[Bucket, ...] = field(default=())
     layer_ids: tuple[int, ...] = ()  # the layers the graph runs, in order; () = (layer_idx,)
+    aot: bool = False  # the AOT form: multi-kernel ops as chains of pass plugins (`spec.AOT_CHAINS`)
+    scratch: tuple[TensorSpec, ...] = ()  # AOT form: the intermediates between the passes (role scratch)
 
     def __post_init__(self) -> None:
         if not self.layer_ids:
@@ -237,6 +242,8 @@ class GraphSpec:
     def to_json(self) -> dict:
         d = asdict(self)
         d["mode"], d["variant"] = self.mode.value, self.variant.value
+        if not self.aot:  # the JIT form's JSON as before the AOT form existed
+            del d["aot"], d["scratch"]
         d["aliases"] = self.aliases
         return json.loads(json.dumps(d, default=lambda o: o.value if isinstance(o, enum.Enum) else str(o)))
 
@@ -252,10 +259,13 @@ class GraphSpec:
         buckets = tuple(Bucket(tuple((s, tuple(r)) for s, r in b["ranges"])) for b in d["buckets"])
         return GraphSpec(d["model"], d["config_hash"], d["layer_idx"], LayerMode(d["mode"]), Variant(d["variant"]),
                          d["act_dtype"], limits, ts(d["inputs"]), ts(d["outputs"]), buckets,
-                         tuple(d.get("layer_ids") or (d["layer_idx"],)))  # absent before stack graphs existed
+                         tuple(d.get("layer_ids") or (d["layer_idx"],)),  # absent before stack graphs existed
+                         bool(d.get("aot", False)), ts(d.get("scratch", ())))
 
 
 def _eval_dim(d: str, sizes: dict[str, int]) -> int:
+    if d == CHUNKS:  # chunk slots of the AOT passes: ceil(T / 64) + 2 N (N = 1 where the mode fixes it)
+        return -(-sizes[TOKENS] // CHUNK_TOKENS) + 2 * sizes.get(SEQS, 1)
     sym, _, add = d.partition("+")
     return sizes[sym] + int(add or 0)
 
@@ -358,12 +368,13 @@ class _Names:
 
 
 def graph_spec(cfg: GdnConfig, layers: int | tuple[int, ...], mode: LayerMode, limits: Limits,
-               act_dtype: str | None = None, weights: bool = True) -> GraphSpec:
+               act_dtype: str | None = None, weights: bool = True, aot: bool = False) -> GraphSpec:
     """The GraphSpec of GDN layer `layers` of `cfg` in `mode` (activations in `act_dtype`, default cfg.dtype), or,
     for a tuple of two or more layers (one run of `gdn_runs`), of their stack graph: the layers in order, each
     one's tensors named `l<i>.<name>`, the activations, packing and `lora_idx` shared. `weights`: the layers'
     weights as graph inputs (role weight, static shapes, last), bound by the runtime from its one copy of each
-    layer; False = inside the graph as initializers (`gdn-trt export --embed-weights`)."""
+    layer; False = inside the graph as initializers (`gdn-trt export --embed-weights`). `aot`: the AOT form, whose
+    multi-kernel ops are chains of pass plugins; `scratch` then lists their intermediates (`scratch_tensors`)."""
     ids = (layers,) if isinstance(layers, int) else tuple(layers)
     _check_layers(cfg, ids)
     act = act_dtype or cfg.dtype
@@ -389,8 +400,28 @@ def graph_spec(cfg: GdnConfig, layers: int | tuple[int, ...], mode: LayerMode, l
     outs = [TensorSpec(t.name + "_out", t.dtype, t.dims, A) for t in acts]
     outs += [TensorSpec(t.name + "_out", t.dtype, t.dims, t.role, aliases=t.name, layer=t.layer)
              for p in per for t in p.updated]
+    scratch = tuple(t for p in per for t in scratch_tensors(cfg, p.pools, act)) if aot and \
+        mode.spec.writes is Writes.POOLS_CAPTURE else ()
     return GraphSpec(cfg.name, cfg.config_hash(), ids[0], mode, variant, act, limits, tuple(ins), tuple(outs),
-                     _buckets(mode, limits), ids)
+                     _buckets(mode, limits), ids, aot, scratch)
+
+
+def scratch_tensors(cfg: GdnConfig, pools: list[TensorSpec], act: str) -> list[TensorSpec]:
+    """The intermediates of a prefill mode's pass chains in one layer (AOT form): per pool, those of the op that
+    updates it (the ssm pool's chunked GDN op, each conv pool's conv prefill), named `<pool stem>.<name>`
+    (`ssm.rk`, `l1.ple_conv.y_part`): the passes' outputs that are not the op's, shaped by `spec.TENSORS`."""
+    HV, K, V = cfg.ssm_state_shape
+    out = []
+    for pool in pools:
+        stem = pool.name.removesuffix("_pool")
+        op = GDN_CHUNKED if pool.local == "ssm_pool" else CONV_PREFILL
+        sizes = {"H": cfg.linear_num_key_heads, "HV": HV, "K": K, "V": V, "D": pool.dims[-1]}
+        names = [o for p in AOT_CHAINS[op] for o in p.outputs if o not in op.outputs]
+        for n in names:
+            dims, dt = tensor(n)
+            shape = tuple(int(d) if d.isdigit() else sizes.get(d, d) for d in dims)
+            out.append(TensorSpec(f"{stem}.{n}", act if dt == "act" else dt, shape, Role.SCRATCH, layer=pool.layer))
+    return out
 
 
 def lora_slots(cfg: GdnConfig, layer_idx: int, lora: LoraLimits | None, act: str, prefix: str = ""

@@ -73,3 +73,64 @@ CONV_PREFILL = OpSpec(
 OPS: tuple[OpSpec, ...] = (GDN_RECURRENT, GDN_RECURRENT_STASH, GDN_CHUNKED, CONV_UPDATE, CONV_UPDATE_STASH,
                            CONV_PREFILL)
 OPS_BY_NAME = {o.name: o for o in OPS}
+
+# ---- The ahead-of-time form (TensorRT `aot_impl`: one compiled kernel per plugin) ----
+# An op that launches several kernels becomes a chain of pass plugins, one per kernel, with the intermediates as
+# plugin outputs and inputs (TensorRT tensors in its activation memory). Every pass takes `max_seqs`, the most
+# sequences a step may hold (the graph's profiles bound N by it): the kernels locate a chunk by a vector over the
+# sequences whose width must be a compile-time constant. Intermediates (docs/math.md#chunked-form-prefill):
+# rk [T, H] fp32 1/|k|, gam [T, HV] fp32 chunk-local cumsum of g, t_inv [T, HV, 64] (I + A)^-1 row per token,
+# w [T, HV, K], u [T, HV, V], h [C, HV, K, V] state at each chunk start (C = ceil(T / 64) + 2 N chunk slots),
+# v_new [T, HV, V] (activation dtype); conv: y_part [T, D], y for the tokens whose taps lie inside x.
+_SEQ = ("cu_seqlens", "slots", "capture_at")
+GDN_CHUNK_SOLVE = OpSpec(
+    "gated_delta_rule_chunk_solve", ("q", "k", "v", "a", "b", "A_log", "dt_bias") + _SEQ, ("rk", "gam", "t_inv"),
+    ("max_seqs",))
+GDN_CHUNK_WU = OpSpec(
+    "gated_delta_rule_chunk_wu", ("k", "v", "b", "t_inv", "gam", "rk") + _SEQ, ("w", "u"), ("max_seqs",))
+GDN_CHUNK_STATE = OpSpec(
+    "gated_delta_rule_chunk_state", ("k", "rk", "w", "u", "gam") + _SEQ + ("ssm_pool", "ssm_capture"),
+    ("h", "v_new", "ssm_pool_out", "ssm_capture_out"), ("max_seqs",),
+    (("ssm_pool_out", "ssm_pool"), ("ssm_capture_out", "ssm_capture")))
+GDN_CHUNK_OUT = OpSpec(
+    "gated_delta_rule_chunk_out", ("q", "k", "rk", "gam", "h", "v_new") + _SEQ, ("o",), ("max_seqs",))
+CONV_PREFILL_CHUNK = OpSpec(
+    "causal_conv1d_prefill_chunk", ("x", "weight", "cu_seqlens", "slots"), ("y_part",), _CONV_ATTRS + ("max_seqs",))
+CONV_PREFILL_STATE = OpSpec(
+    "causal_conv1d_prefill_state", ("x", "weight", "y_part") + _SEQ + ("conv_pool", "conv_capture"),
+    ("y", "conv_pool_out", "conv_capture_out"), _CONV_ATTRS,
+    (("y", "y_part"), ("conv_pool_out", "conv_pool"), ("conv_capture_out", "conv_capture")))
+
+# op -> its passes in launch order (the op's own launches: gated_delta_rule/triton.py, causal_conv1d/triton.py)
+AOT_CHAINS: dict[OpSpec, tuple[OpSpec, ...]] = {
+    GDN_CHUNKED: (GDN_CHUNK_SOLVE, GDN_CHUNK_WU, GDN_CHUNK_STATE, GDN_CHUNK_OUT),
+    CONV_PREFILL: (CONV_PREFILL_CHUNK, CONV_PREFILL_STATE)}
+PASSES: tuple[OpSpec, ...] = tuple(p for chain in AOT_CHAINS.values() for p in chain)
+PLUGINS: tuple[OpSpec, ...] = OPS + PASSES  # every TensorRT plugin (JIT impl for all)
+PLUGINS_BY_NAME = {p.name: p for p in PLUGINS}
+AOT_PLUGINS: tuple[OpSpec, ...] = tuple(p for p in PLUGINS if p not in AOT_CHAINS)  # one kernel each: aot_impl
+
+CHUNK_TOKENS = 64  # tokens per chunk of the chunked GDN kernels (triton_chunked.BT; a test checks they agree)
+
+# Dimensions and dtypes of every plugin tensor: the I/O contract of plugins/*/README.md and the intermediates above.
+# Symbols: T tokens, N sequences (N+1 for cu_seqlens), S pool slots, C = ceil(T / CHUNK_TOKENS) + 2 N chunk slots,
+# H / HV key / value heads, K / V their dims, D conv channels, W conv width, L = (W - 1) * dilation history rows.
+# dtype "act": the activation dtype. An updated buffer `<x>_out` is `<x>`.
+TENSORS: dict[str, tuple[tuple[str, ...], str]] = {
+    "q": (("T", "H", "K"), "act"), "k": (("T", "H", "K"), "act"), "v": (("T", "HV", "V"), "act"),
+    "a": (("T", "HV"), "act"), "b": (("T", "HV"), "act"), "A_log": (("HV",), "float32"),
+    "dt_bias": (("HV",), "float32"), "cu_seqlens": (("N+1",), "int32"), "slots": (("N",), "int32"),
+    "capture_at": (("N",), "int32"), "ssm_pool": (("S", "HV", "K", "V"), "float32"),
+    "ssm_stash": (("T", "HV", "K", "V"), "float32"), "ssm_capture": (("N", "HV", "K", "V"), "float32"),
+    "o": (("T", "HV", "V"), "act"), "rk": (("T", "H"), "float32"), "gam": (("T", "HV"), "float32"),
+    "t_inv": (("T", "HV", str(CHUNK_TOKENS)), "act"), "w": (("T", "HV", "K"), "act"), "u": (("T", "HV", "V"), "act"),
+    "h": (("C", "HV", "K", "V"), "act"), "v_new": (("T", "HV", "V"), "act"),
+    "x": (("T", "D"), "act"), "weight": (("D", "W"), "act"), "conv_pool": (("S", "L", "D"), "act"),
+    "conv_stash": (("T", "L", "D"), "act"), "conv_capture": (("N", "L", "D"), "act"), "y": (("T", "D"), "act"),
+    "y_part": (("T", "D"), "act"),
+}
+
+
+def tensor(name: str) -> tuple[tuple[str, ...], str]:
+    """(dims, dtype) of a plugin tensor by name (`<x>_out` is `<x>`)."""
+    return TENSORS[name if name in TENSORS else name.removesuffix("_out")]

@@ -16,6 +16,7 @@ tuning; `python -m gdn_trt.plugins.triton_aot` prints the table (measurements in
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
 import subprocess
@@ -65,8 +66,9 @@ class _Recorder:
 
     def __getitem__(self, grid):
         def launch(*args, num_warps: int = 4, num_stages: int = 3, **kwargs):
-            bound = dict(zip(self.fn.arg_names, args))
-            bound.update(kwargs)
+            defaults = {n: p.default for n, p in inspect.signature(self.fn.fn).parameters.items()
+                        if p.default is not inspect.Parameter.empty}
+            bound = {**defaults, **dict(zip(self.fn.arg_names, args)), **kwargs}
             missing = [n for n in self.fn.arg_names if n not in bound]
             if missing:
                 raise TypeError(f"{self.fn.__name__}: launch without {missing}")
@@ -192,6 +194,28 @@ def conv_launches(dtype, dim: int = 8192, width: int = 4, seqs: int = 256, **tun
     return launches + record(conv, lambda: conv.launch_prefill(x, params, pack, pool, cap, tu))
 
 
+def aot_table(heads: tuple[int, int, int, int], dtypes: list[str]) -> None:
+    """Every AOT plugin's kernel as `aot_impl` compiles it for sm_90 (N free, and fixed at 1 where that changes
+    the kernel), with the GDN conv (D 8192, W 4, SiLU): registers, spill stack, shared memory, compile time."""
+    from . import aot
+    from .spec import AOT_PLUGINS
+
+    H, G, K, V = heads
+    print(f"Triton {triton.__version__}, target sm_{TARGET.arch}, AOT kernels, heads (H, G, K, V) = {heads}")
+    for act in dtypes:
+        for free in (("T", "N", "S"), ("T", "S")):
+            sizes = dict(T=1065, N=2 if "N" in free else 1, S=8, H=H, HV=H * G, K=K, V=V, D=8192, W=4, L=3)
+            for spec in AOT_PLUGINS:
+                attrs = {"dilation": 1, "activation": 1, "max_seqs": 64}
+                k = aot.family(spec)(spec, aot.spec_shapes(spec, sizes, free), aot.spec_dtypes(spec, act),
+                                     {a: attrs[a] for a in spec.attrs})
+                c = aot.compile_plan(k.fn, k.signature, k.constexprs, k.num_warps, k.num_stages, TARGET, None)
+                regs, stack = _resource_usage(c.cubin)
+                n = "N free" if "N" in free else "N = 1"
+                print(f"{act:8s} {n:6s} {c.name:24s} warps {c.num_warps}  compile {c.seconds:5.1f} s  regs {regs:3d}"
+                      f"  stack {stack:5d} B  shared {c.shared / 1024:5.1f} KB", flush=True)
+
+
 def _tiling(launch: Launch) -> tuple[str, int, int]:
     return launch.name, launch.args.get("BV", 0), launch.num_stages
 
@@ -204,7 +228,10 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a field of gated_delta_rule.triton.Tuning (repeatable)")
+    ap.add_argument("--aot", action="store_true", help="the AOT plugins' kernels (plugins/aot.py) instead")
     args = ap.parse_args()
+    if args.aot:
+        return aot_table(tuple(int(v) for v in args.heads.split(",")), args.dtypes.split(","))
     tuning = {}
     for kv in args.set:
         k, v = kv.split("=", 1)

@@ -20,12 +20,15 @@ the six ops through TensorRT's own `tensorrt.plugin` files of the versions we cl
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Tuple
+from typing import Callable, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
 
-from .spec import OpSpec
+from .spec import CHUNK_TOKENS, OpSpec, tensor
+
+# the modules whose import registers the `gdn_trt` creators (JIT and AOT impls) with TensorRT
+PLUGIN_MODULES = ("gdn_trt.plugins.gated_delta_rule.trt", "gdn_trt.plugins.causal_conv1d.trt")
 
 # TensorRT DataType name -> (torch dtype name, __cuda_array_interface__ typestr of the same width); bf16 travels as
 # int16 because `tensorrt.plugin.Tensor.__cuda_array_interface__` refuses bf16 (its `_tensor.py`, 10.8 to 11.4)
@@ -56,6 +59,16 @@ def impl_signature(spec: OpSpec) -> inspect.Signature:
     P = inspect.Parameter
     names = (*spec.inputs, *spec.attrs, "outputs", "stream")
     return inspect.Signature([P(n, P.POSITIONAL_OR_KEYWORD) for n in names])
+
+
+def aot_impl_signature(spec: OpSpec, trtp) -> inspect.Signature:
+    """(inputs..., attrs..., outputs, tactic) -> (name, PTX, launch, scalars): the schema `tensorrt.plugin.aot_impl`
+    checks (`_validate_aot_impl`: by parameter names; the return annotation is mandatory). Inputs and attributes
+    stay unannotated: 10.x's check calls issubclass() on an attribute's annotation, which an NDArray alias fails."""
+    P = inspect.Parameter
+    names = (*spec.inputs, *spec.attrs, "outputs", "tactic")
+    ret = Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]
+    return inspect.Signature([P(n, P.POSITIONAL_OR_KEYWORD) for n in names], return_annotation=ret)
 
 
 def _with_signature(fn: Callable, sig: inspect.Signature, name: str) -> Callable:
@@ -120,6 +133,91 @@ def register_op(spec: OpSpec, outputs: Callable, launch: Callable) -> None:
     trtp.register(spec.qualified)(
         _with_signature(describe, register_signature(spec, trtp.TensorDesc), f"{spec.name}_register"))
     trtp.impl(spec.qualified)(_with_signature(enqueue, impl_signature(spec), f"{spec.name}_impl"))
+
+
+def register_pass(spec: OpSpec) -> None:
+    """Register the pass plugin `gdn_trt::<name>` (`spec.PASSES`): outputs shaped and typed by `spec.TENSORS` (an
+    aliased output is its input), and a JIT impl that launches the wrapper kernel the AOT impl compiles
+    (`aot.KernelPlan.launch_jit`, tiled for this step's shapes) on TensorRT's stream."""
+    import tensorrt as trt
+    import tensorrt.plugin as trtp
+    import torch
+
+    def describe(*args, **kwargs):
+        bound = register_signature(spec, trtp.TensorDesc).bind(*args, **kwargs)
+        descs = {n: bound.arguments[n] for n in spec.inputs}
+        return _pass_outputs(spec, descs, trt, trtp)
+
+    def enqueue(*args, **kwargs):
+        from .aot import family
+
+        bound = impl_signature(spec).bind(*args, **kwargs)
+        with torch.cuda.stream(torch.cuda.ExternalStream(bound.arguments["stream"])):
+            t = {n: torch_view(bound.arguments[n]) for n in spec.inputs}
+            t.update((o, torch_view(x)) for o, x in zip(spec.outputs, bound.arguments["outputs"]))
+            shapes = {n: tuple(x.shape) for n, x in t.items()}
+            dtypes = {n: str(x.dtype).removeprefix("torch.") for n, x in t.items()}
+            attrs = {a: attr_int(bound.arguments[a]) for a in spec.attrs}
+            family(spec)(spec, shapes, dtypes, attrs).launch_jit(t)
+
+    trtp.register(spec.qualified)(
+        _with_signature(describe, register_signature(spec, trtp.TensorDesc), f"{spec.name}_register"))
+    trtp.impl(spec.qualified)(_with_signature(enqueue, impl_signature(spec), f"{spec.name}_impl"))
+
+
+def _pass_outputs(spec: OpSpec, descs: dict, trt, trtp) -> tuple:
+    """The output TensorDescs of a pass plugin from its inputs' (`spec.TENSORS`): every output dimension is an
+    input's dimension of the same symbol, or the chunk count C = ceil(T / 64) + 2 N."""
+
+    def dim(s: str):
+        if s.isdigit():
+            return int(s)
+        if s == "C":
+            return trtp.cdiv(dim("T"), CHUNK_TOKENS) + dim("N") * 2
+        for n in spec.inputs:
+            dims = tensor(n)[0]
+            if s in dims:
+                return descs[n].shape_expr[dims.index(s)]
+        raise KeyError(f"{spec.name}: no input carries dimension {s}")
+
+    act = next(descs[n].dtype for n in spec.inputs if tensor(n)[1] == "act")
+    aliases = dict(spec.aliases)
+    out = []
+    for o in spec.outputs:
+        if o in aliases:
+            out.append(descs[aliases[o]].aliased())
+            continue
+        dims, dt = tensor(o)
+        out.append(trtp.from_shape_expr(tuple(dim(s) for s in dims), dtype=act if dt == "act" else getattr(trt, dt)))
+    return tuple(out)
+
+
+def register_aot(spec: OpSpec) -> bool:
+    """Add `@trtp.aot_impl` to the registered plugin `spec` where this TensorRT has it (>= 10.9): the kernel,
+    launch and scalars of `aot.aot_kernel` for the descriptors TensorRT passes (static dims as constants, dynamic
+    ones as shape expressions). Returns whether it was added."""
+    import tensorrt.plugin as trtp
+
+    if not hasattr(trtp, "aot_impl"):
+        return False
+
+    def compiled(*args, **kwargs):
+        from .aot import aot_kernel
+
+        bound = aot_impl_signature(spec, trtp).bind(*args, **kwargs)
+        descs = {n: bound.arguments[n] for n in spec.inputs}
+        descs.update(zip(spec.outputs, bound.arguments["outputs"]))
+        shapes = {n: tuple(d.shape_expr[j] for j in range(len(d.shape_expr))) for n, d in descs.items()}
+        dtypes = {n: _TYPES[d.dtype.name][0] for n, d in descs.items()}
+        k = aot_kernel(spec, shapes, dtypes, {a: attr_int(bound.arguments[a]) for a in spec.attrs})
+        launch = trtp.KernelLaunchParams()
+        launch.grid_x, launch.grid_y, launch.grid_z = k.grid
+        launch.block_x, launch.shared_mem = k.block, k.shared
+        scalars = trtp.SymIntExprs.from_tuple([trtp.SymInt32(s) for s in k.scalars])
+        return k.name.encode(), k.ptx.encode(), launch, scalars
+
+    trtp.aot_impl(spec.qualified)(_with_signature(compiled, aot_impl_signature(spec, trtp), f"{spec.name}_aot_impl"))
+    return True
 
 
 def context_memory(engine) -> list[int]:

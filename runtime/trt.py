@@ -27,6 +27,7 @@ Imports tensorrt, so it is imported only where TensorRT exists (`backends.build_
 
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ from gdn_trt.model.dtypes import dtype_name
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.state import StepOutput
-from gdn_trt.plugins.trt_common import context_memory
+from gdn_trt.plugins.trt_common import PLUGIN_MODULES, context_memory
 
 from .engine import Engine, LayerCall
 from .plans import PlanMatch, bind_inputs, check_weights, find_plans, in_place_outputs
@@ -202,8 +203,12 @@ def load_trt_engines(layers: list[GdnLayer], engines_dir: str, pool_rows: int, m
     bound to the layers' one copy of their weights."""
     cfg, device = layers[0].cfg, layers[0].mixer.in_proj.device
     runtime = trt.Runtime(_LOGGER)
-    plans = {key: load_plan(runtime, p.plan, p.spec, p.versions)
-             for key, p in find_plans(engines_dir, cfg, dtype_name(layers[0].dtype), match).items()}
+    infos = find_plans(engines_dir, cfg, dtype_name(layers[0].dtype), match)
+    if any(p.versions.get("plugin_impl", "jit") == "jit" for p in infos.values()):
+        # a JIT plugin's creator must be registered in the deserialising process; AOT plans carry their kernels
+        for m in PLUGIN_MODULES:
+            importlib.import_module(m)
+    plans = {key: load_plan(runtime, p.plan, p.spec, p.versions) for key, p in infos.items()}
     need = max(max(context_memory(p.engine), default=0) for p in plans.values())
     memory = ContextMemory(need, device)
     log.info("TensorRT %s: %d plans, one context memory of %.1f MiB for all their contexts; weights bound from "

@@ -140,7 +140,7 @@ def test_build_manifest_records_relative_paths_and_digests(tmp_path):
     plan.parent.mkdir(parents=True)
     plan.write_bytes(PLAN_BYTES)
     built = {"tensorrt": "10.x", "preview_features": {}, "context_memory": [0]}
-    meta = plan_manifest(manifest, rec, plan, BuildOptions(engines, plugins=False), built)
+    meta = plan_manifest(manifest, rec, plan, BuildOptions(engines, plugins="none"), built)
     assert meta["plan"] == plan.name and not os.path.isabs(meta["onnx"])
     assert meta["plan_sha256"] == hashlib.sha256(PLAN_BYTES).hexdigest() and meta["onnx_sha256"] == rec.sha256
     plan.with_suffix(".json").write_text(json.dumps(meta))

@@ -57,6 +57,7 @@ def test_flow_models_exercise_stacks_and_the_table_lists_every_check():
     assert stacked and all(max(len(r) for r in gdn_runs(fm.cfg)) == 3 for fm in stacked)
     assert {fm.cfg.is_hc for fm in stacked} == {False, True}, "a plain and an hc stack"
     assert any(fm.cfg.ple_layer_ids for fm in stacked)
+    assert [fm.label for fm in flow.MODELS if fm.aot] == ["tiny-3.5 aot"], "one model in the AOT form"
     rep = selftest.Report()
     rep.add("a: build", True, plans="6/6")
     assert flow._stage(rep, "b: compare", lambda: 1 / 0) is None
@@ -118,3 +119,16 @@ def test_nsys_csv_rows_after_the_preamble():
                                          "Med (MB)": "136.315", "Min (MB)": "136.315", "Max (MB)": "136.315",
                                          "StdDev (MB)": "0.000", "Operation": "[CUDA memcpy Device-to-Device]"}]
     assert selftest._csv_rows("no table\n") == []
+
+
+def test_the_no_python_child_imports_only_tensorrt_numpy_torch():
+    """The AOT check's child process (selftest_aot.CHILD) must not import gdn_trt, or the check proves nothing."""
+    import ast
+
+    from gdn_trt.app import selftest_aot
+
+    tree = ast.parse(selftest_aot.CHILD)
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported == {"json", "sys", "numpy", "tensorrt", "torch"}
+    assert "gdn_trt_modules" in selftest_aot.CHILD and "gdn_trt_creators" in selftest_aot.CHILD

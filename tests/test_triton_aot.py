@@ -3,7 +3,9 @@
 A kernel whose shared memory exceeds the block limit compiles fine and fails only when loaded on the GPU ("out of
 resource": the state pass with 4 stages on fp32 activations did, 2026-12-02). Here every launch of the prefill and
 decode entry points at Qwen3-Next-class shapes, with the default tuning, is compiled for sm_90 and its shared
-memory checked against the limit, so such a tuning never reaches the device.
+memory checked against the limit, so such a tuning never reaches the device. The AOT kernels (`plugins/aot.py`, what
+each plugin's `@trtp.aot_impl` returns to TensorRT) are compiled the same way, every one of them, with the checks
+TensorRT's AOT launcher needs (no Triton scratch, one CTA, shared memory within 48 KiB, the PTX parameter order).
 """
 
 from __future__ import annotations
@@ -101,3 +103,71 @@ def test_a_tuning_over_the_limit_is_caught():
     launches = triton_aot.gdn_launches(torch.float32, state_stages=4)
     state = next(launch for launch in launches if launch.name == "gdn_chunk_state_kernel" and launch.num_stages == 4)
     assert triton_aot.compile_launch(state).shared > triton_aot.SMEM_LIMIT
+
+
+# ---- the AOT kernels (plugins/aot.py): what each plugin's @trtp.aot_impl hands TensorRT, compiled for sm_90 ----
+
+def _sm90():
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", 90, 32)
+
+
+FREE, NO_N = ("T", "N", "S"), ("T", "S")  # multi-sequence modes; single-sequence ones (N = 1 fixed)
+
+
+@pytest.mark.parametrize("act, G, free", [("bfloat16", 2, FREE), ("bfloat16", 2, NO_N), ("float32", 3, FREE)],
+                         ids=["bf16-G2", "bf16-G2-N1", "fp32-G3"])
+def test_every_aot_kernel_compiles_for_sm90(act, G, free):
+    """Every AOT plugin's kernel at Qwen3-Next (G = 2) / Qwen3.5 (G = 3) heads and the Qwen3-Next conv (and the
+    PLE conv's dilation 3, no activation), as `aot_impl` compiles it: the compile itself refuses non-zero Triton
+    scratch, more than one CTA, cooperative / PDL launches, tensor memory, TMA descriptors and shared memory over
+    48 KiB (`aot.check_metadata`); here also the PTX parameters (TensorRT's order, then at most Triton's two
+    scratch pointers) and the target."""
+    from gdn_trt.plugins import aot
+    from gdn_trt.plugins.spec import AOT_PLUGINS
+
+    sizes = dict(T=1065, N=1 if "N" not in free else 2, S=8, H=16, HV=16 * G, K=128, V=128, D=8192, W=4)
+    for spec in AOT_PLUGINS:
+        for conv in ({"dilation": 1, "activation": 1}, {"dilation": 3, "activation": 0}):
+            if not spec.name.startswith("causal") and conv["dilation"] > 1:
+                continue
+            attrs = {**conv, "max_seqs": 64}
+            k = aot.aot_kernel(spec, aot.spec_shapes(spec, dict(sizes, L=3 * conv["dilation"]), free),
+                               aot.spec_dtypes(spec, act), {a: attrs[a] for a in spec.attrs}, _sm90())
+            given = ["u64"] * len(spec.inputs) + ["u32"] * len(k.scalars) + ["u64"] * len(spec.outputs)
+            declared = aot.ptx_params(k.ptx, k.name)
+            assert declared[:len(given)] == given and declared[len(given):] in ([], ["u64"], ["u64", "u64"]), (
+                spec.name, declared)
+            assert k.shared <= aot.AOT_SMEM_LIMIT and ".target sm_90" in k.ptx, spec.name
+            assert all(aot.value(g) >= 1 for g in k.grid), (spec.name, k.grid)
+
+
+def test_aot_ptx_version_is_capped():
+    """`ptx_version` lowers the PTX ISA the kernel declares (the engine must load on the build machine's driver)."""
+    from gdn_trt.plugins import aot
+    from gdn_trt.plugins.spec import CONV_UPDATE
+
+    p = aot.family(CONV_UPDATE)(CONV_UPDATE, aot.spec_shapes(CONV_UPDATE, dict(T=4, N=4, S=8, D=64, W=4, L=3)),
+                                aot.spec_dtypes(CONV_UPDATE, "bfloat16"), {"dilation": 1, "activation": 1})
+    c = aot.compile_plan(p.fn, p.signature, p.constexprs, p.num_warps, p.num_stages, _sm90(), 80)
+    assert aot.ptx_isa(c.ptx) == 80
+
+
+def test_aot_compile_refuses_what_tensorrt_cannot_launch():
+    """The checks have teeth: the state pass in the JIT's many-sequence tiling (64 wide, 2 stages: 96 KB of shared
+    memory in bf16) is refused, and so is a kernel whose runtime parameters do not follow the plugin's order."""
+    from gdn_trt.plugins import aot
+    from gdn_trt.plugins.gated_delta_rule import triton as gdn
+    from gdn_trt.plugins.spec import GDN_CHUNK_STATE
+
+    shapes = aot.spec_shapes(GDN_CHUNK_STATE, dict(T=1065, N=2, S=8, H=16, HV=32, K=128, V=128))
+    p = aot.family(GDN_CHUNK_STATE)(GDN_CHUNK_STATE, shapes, aot.spec_dtypes(GDN_CHUNK_STATE, "bfloat16"),
+                                    {"max_seqs": 64})
+    meta = dict(p.constexprs, BV=gdn.TUNING.state_bv_many)
+    with pytest.raises(RuntimeError, match="shared"):
+        aot.compile_plan(p.fn, p.signature, tuple(meta.items()), p.num_warps, gdn.TUNING.state_stages_many, _sm90(),
+                         None)
+    swapped = (p.signature[1], p.signature[0], *p.signature[2:])
+    with pytest.raises(TypeError, match="do not follow"):
+        aot.compile_plan(p.fn, swapped, p.constexprs, p.num_warps, p.num_stages, _sm90(), None)

@@ -21,7 +21,7 @@ INSIDE = os.environ.get("TRITON_INTERPRET") == "1"
 
 if not INSIDE:
 
-    @pytest.mark.parametrize("family", ["gdn", "conv"])
+    @pytest.mark.parametrize("family", ["gdn", "conv", "aot"])
     def test_interpreter(family):
         pytest.importorskip("triton")
         env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -168,3 +168,64 @@ else:
                    "prefill")
         check_conv(Step((7, 130), (4, 6), (3, 1)), Conv(20, W=3, dilation=2, activation=Activation.NONE), F32,
                    "cpu", "prefill")
+
+    # ---- the AOT form: each plugin's wrapper kernel with the launch `aot_kernel` compiles (tests/aot_support.py),
+    # the chunked ops as their pass chains; dimensions fixed or free as the modes' graphs leave them ----
+
+    def _aot_gdn(tuning, monkeypatch):
+        from gdn_trt.plugins.gated_delta_rule import aot as gdn_aot
+
+        from .aot_support import GDN_CHUNKED, GDN_RECURRENT, GDN_RECURRENT_STASH, Case, check_gdn, interpret_launch
+
+        # fp32 runs here (the interpreter has no bf16): the 16-bit tuning is forced onto it too
+        monkeypatch.setattr(gdn_aot, "_tuning", lambda dtype: tuning)
+        for case, heads in [(Case(GDN_RECURRENT, Step((1, 1, 1), (3, -1, 0))), Heads(2, 2, 16, 48)),
+                            (Case(GDN_RECURRENT, Step((1,), (2,)), ("S",)), Heads(1, 3, 16, 24)),
+                            (Case(GDN_RECURRENT_STASH, Step((3, 0, 2, 1), (1, 2, -1, 5))), Heads(1, 3, 16, 24)),
+                            (Case(GDN_RECURRENT_STASH, Step((3,), (4,)), ("T", "S")), Heads(2, 1, 16, 16)),
+                            (Case(GDN_CHUNKED, Step((1, 70, 0, 5), (0, 3, 5, -1), (1, 64, 0, 2))), Heads(1, 2, 48, 40)),
+                            (Case(GDN_CHUNKED, Step((66,), (6,), (33,)), ("T", "S")), Heads(2, 2, 16, 16)),
+                            (Case(GDN_CHUNKED, Step((3,), (1,), (3,)), ("T", "S")), Heads(1, 3, 32, 24))]:
+            check_gdn(case, heads, F32, "cpu", interpret_launch)
+
+    def test_aot_gdn_fp32_tuning(monkeypatch):
+        from gdn_trt.plugins.gated_delta_rule.aot import AOT_TUNING_FP32
+
+        _aot_gdn(AOT_TUNING_FP32, monkeypatch)
+
+    def test_aot_gdn_16bit_tuning(monkeypatch):
+        from gdn_trt.plugins.gated_delta_rule.aot import AOT_TUNING
+
+        _aot_gdn(AOT_TUNING, monkeypatch)
+
+    def test_aot_conv():
+        from .aot_support import CONV_PREFILL, CONV_UPDATE, CONV_UPDATE_STASH, Case, check_conv, conv_attrs, \
+            interpret_launch
+
+        silu, dil = Conv(40), Conv(20, W=3, dilation=2, activation=Activation.NONE)
+        for op, step, free, conv in [
+                (CONV_UPDATE, Step((1, 1, 1), (3, -1, 0)), ("T", "N", "S"), silu),
+                (CONV_UPDATE, Step((1,), (2,)), ("S",), dil),
+                (CONV_UPDATE_STASH, Step((3, 0, 2, 1), (1, 2, -1, 5)), ("T", "N", "S"), dil),
+                (CONV_UPDATE_STASH, Step((2,), (1,)), ("T", "S"), silu),
+                (CONV_PREFILL, Step((3, 0, 5, 70), (1, 2, -1, 5), (2, 0, 1, 65)), ("T", "N", "S"), dil),
+                (CONV_PREFILL, Step((1,), (4,), (1,)), ("T", "S"), silu),
+                (CONV_PREFILL, Step((65,), (0,), (-1,)), ("T", "S"), dil)]:
+            check_conv(Case(op, step, free, conv_attrs(conv)), conv, F32, "cpu", interpret_launch)
+
+    def test_aot_pass_bodies_compute_what_their_kernels_compute():
+        # each pass's ONNX function body (what ONNX Runtime runs, and TensorRT without the plugins) against its
+        # kernel on the kernel's own inputs, intermediates included, at every element the kernel writes
+        from .aot_support import (CONV_PREFILL, GDN_CHUNKED, Case, check_bodies_against_kernels, check_conv,
+                                  check_gdn, conv_attrs, interpret_launch, recording)
+
+        log = []
+        check_gdn(Case(GDN_CHUNKED, Step((1, 70, 0, 5, 66), (0, 3, 5, -1, 6), (1, 64, 0, 2, 33))), Heads(1, 2, 48, 40),
+                  F32, "cpu", recording(interpret_launch, log))
+        conv = Conv(24, dilation=3)
+        check_conv(Case(CONV_PREFILL, Step((3, 0, 5, 70), (1, 2, -1, 5), (2, 0, 1, 65)), attrs=conv_attrs(conv)),
+                   conv, F32, "cpu", recording(interpret_launch, log))
+        assert [spec.name for spec, *_ in log] == [
+            "gated_delta_rule_chunk_solve", "gated_delta_rule_chunk_wu", "gated_delta_rule_chunk_state",
+            "gated_delta_rule_chunk_out", "causal_conv1d_prefill_chunk", "causal_conv1d_prefill_state"]
+        assert check_bodies_against_kernels(log) > 0

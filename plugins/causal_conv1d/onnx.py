@@ -21,9 +21,11 @@ import onnx
 from onnx import TensorProto
 
 from ..onnx_common import Body, PackingVectors, bcast, function_proto, translation
-from ..spec import CONV_PREFILL, CONV_UPDATE, CONV_UPDATE_STASH, Activation, OpSpec
+from ..spec import (CONV_PREFILL, CONV_PREFILL_CHUNK, CONV_PREFILL_STATE, CONV_UPDATE, CONV_UPDATE_STASH, Activation,
+                    OpSpec)
 
 SPECS = (CONV_UPDATE, CONV_UPDATE_STASH, CONV_PREFILL)
+PASS_SPECS = (CONV_PREFILL_CHUNK, CONV_PREFILL_STATE)  # the prefill's AOT passes (spec.AOT_CHAINS)
 
 
 def _inputs_before(b: Body, pk: PackingVectors, x: str, hist: str, back: str) -> str:
@@ -54,6 +56,8 @@ def body(spec: OpSpec) -> list[onnx.NodeProto]:
     silu = b.op("Equal", b.attr_int("activation"), b.const(Activation.SILU))
     y = b.op("Where", silu, b.op("Mul", y, b.op("Sigmoid", y)), y)
     y = b.op("Where", b.unsq(pk.valid, 1), y, b.op("Sub", y, y))  # padding sequences: zero rows
+    if spec is CONV_PREFILL_STATE:  # the first L tokens of each sequence here, the rest from the chunk pass
+        y = b.op("Where", b.unsq(b.op("Less", pk.pos, L), 1), y, b.cast("y_part"))
     b.nodes.append(onnx.helper.make_node("CastLike", [y, "x"], [spec.outputs[0]]))
     back = b.op("Sub", b.op("Sub", L, one), b.op("Range", b.const(0), L, one))  # L-1 .. 0
     win = _inputs_before(b, pk, x, hist, back)  # window after t, [T, L, D]
@@ -65,7 +69,7 @@ def body(spec: OpSpec) -> list[onnx.NodeProto]:
                 axis=0)  # window after each sequence's last token, [N, L, D]
     writes = b.op("And", pk.valid_n, b.op("Greater", pk.length, b.const(0)))
     b.nodes.append(onnx.helper.make_node("Identity", [_rows_by_slot(b, pk, last, writes)], [spec.outputs[1]]))
-    if spec is CONV_PREFILL:
+    if spec in (CONV_PREFILL, CONV_PREFILL_STATE):
         at = b.op("Max", pk.at_n, b.const(0))
         after = b.op("Gather", win, b.op("Max", b.op("Sub", b.op("Add", pk.start, at), one), b.const(0)), axis=0)
         before = b.cast(b.op("Gather", "conv_pool", pk.slot_n, axis=0))
@@ -73,6 +77,30 @@ def body(spec: OpSpec) -> list[onnx.NodeProto]:
         cap = b.op("Where", bcast(b, pk.snapshot_n(b), 3), b.op("CastLike", snap, "conv_capture"), "conv_capture")
         b.nodes.append(onnx.helper.make_node("Identity", [cap], [spec.outputs[2]]))
     return b.nodes
+
+
+def chunk_body() -> list[onnx.NodeProto]:
+    """`causal_conv1d_prefill_chunk`: y of the tokens whose W taps all lie in x (position >= L = (W-1) dilation in
+    their sequence), zero elsewhere (rows the kernel leaves to the state pass)."""
+    b = Body()
+    pk = PackingVectors(b, "x", CONV_PREFILL_CHUNK)
+    x, w, one = b.cast("x"), b.cast("weight"), b.const(1)
+    dilation, W = b.attr_int("dilation"), b.scalar(b.dim("weight", 1))
+    taps = b.op("Mul", b.op("Sub", b.op("Sub", W, one), b.op("Range", b.const(0), W, one)), dilation)  # [W]
+    src = b.op("Max", b.op("Sub", b.unsq(pk.t, 1), b.unsq(taps, 0)), b.const(0))  # [T, W]
+    y = b.op("ReduceSum", b.op("Mul", b.op("Gather", x, src, axis=0), b.unsq(b.op("Transpose", w, perm=[1, 0]), 0)),
+             b.const([1]), keepdims=0)
+    silu = b.op("Equal", b.attr_int("activation"), b.const(Activation.SILU))
+    y = b.op("Where", silu, b.op("Mul", y, b.op("Sigmoid", y)), y)
+    inside = b.op("And", pk.valid, b.op("GreaterOrEqual", pk.pos, b.op("Mul", b.op("Sub", W, one), dilation)))
+    y = b.op("Where", b.unsq(inside, 1), y, b.const(0.0, "float32"))
+    b.nodes.append(onnx.helper.make_node("CastLike", [y, "x"], ["y_part"]))
+    return b.nodes
+
+
+def pass_functions() -> list[onnx.FunctionProto]:
+    return [function_proto(CONV_PREFILL_CHUNK, chunk_body()),
+            function_proto(CONV_PREFILL_STATE, body(CONV_PREFILL_STATE))]
 
 
 def _rows_by_slot(b: Body, pk: PackingVectors, rows: str, writes: str) -> str:

@@ -227,8 +227,12 @@ def gdn_chunk_out_kernel(
     cu_seqlens, slots, capture_at, N, s_qt, s_qh, s_kt, s_kh, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, RQ: tl.constexpr,
+    KS: tl.constexpr = 0,
 ):
-    # one program per key head serves the G value heads of its group: q, k and q k^T are loaded and computed once
+    # one program per key head serves the G value heads of its group: q, k and q k^T are loaded and computed once.
+    # KS > 0: the products over K in runtime slices of KS columns (`qk_slices`, `qh_slices`): shared memory for
+    # [BT, KS] tiles instead of [BT, BK] (the AOT kernel on fp32 activations: 64 KB in one tile, over TensorRT's
+    # 48 KiB); KS = 0 (the JIT launches): q and k as one tile each
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G: tl.constexpr = HV // H
     i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
@@ -246,30 +250,75 @@ def gdn_chunk_out_kernel(
             tl.store(o + (start * HV + i_h * G + g) * V + p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty),
                      mask=m_o)
         return
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    m_tk = m_t[:, None] & m_k[None, :]
-    b_q = tl.load(q + start * s_qt + i_h * s_qh + o_i[:, None] * s_qt + o_k[None, :], mask=m_tk, other=0.0)
-    b_k = tl.load(k + start * s_kt + i_h * s_kh + o_i[:, None] * s_kt + o_k[None, :], mask=m_tk, other=0.0)
-    # the q and k norms enter as row and column scales of the raw products (scale / |q|, 1 / |k|). RQ: 1 / |q|
-    # from pass 1; else from the q tile here (a row reduction across the tile: 23 barriers against 17 in the
-    # sm_90 code, and the pass took 251 us at T = 16384 against 212 with a normalised q read; H200, 2026-12-03)
-    if RQ:
-        b_rq = scale * tl.load(rq + start * H + i_h + o_i * H, mask=m_t, other=0.0)
+    if KS == 0:
+        o_k = tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_q = tl.load(q + start * s_qt + i_h * s_qh + o_i[:, None] * s_qt + o_k[None, :], mask=m_tk, other=0.0)
+        b_k = tl.load(k + start * s_kt + i_h * s_kh + o_i[:, None] * s_kt + o_k[None, :], mask=m_tk, other=0.0)
+        # the q and k norms enter as row and column scales of the raw products (scale / |q|, 1 / |k|). RQ: 1 / |q|
+        # from pass 1; else from the q tile here (a row reduction across the tile: 23 barriers against 17 in the
+        # sm_90 code, and the pass took 251 us at T = 16384 against 212 with a normalised q read; H200, 2026-12-03)
+        if RQ:
+            b_rq = scale * tl.load(rq + start * H + i_h + o_i * H, mask=m_t, other=0.0)
+        else:
+            b_rq = scale / tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
+        b_rk = tl.load(rk + start * H + i_h + o_i * H, mask=m_t, other=0.0)
+        m_inc = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
+        b_s = tl.where(m_inc, tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * b_rq[:, None] * b_rk[None, :], 0.0)
     else:
-        b_rq = scale / tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
-    b_rk = tl.load(rk + start * H + i_h + o_i * H, mask=m_t, other=0.0)
-    m_inc = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
-    b_s = tl.where(m_inc, tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * b_rq[:, None] * b_rk[None, :], 0.0)
+        b_qk, b_qq = qk_slices(q + start * s_qt + i_h * s_qh, k + start * s_kt + i_h * s_kh, s_qt, s_kt, o_i, m_t,
+                               K, KS, BT, PREC)
+        if RQ:
+            b_rq = scale * tl.load(rq + start * H + i_h + o_i * H, mask=m_t, other=0.0)
+        else:
+            b_rq = scale / tl.sqrt(b_qq + 1e-6)
+        b_rk = tl.load(rk + start * H + i_h + o_i * H, mask=m_t, other=0.0)
+        m_inc = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
+        b_s = tl.where(m_inc, b_qk * b_rq[:, None] * b_rk[None, :], 0.0)
     for g in tl.static_range(0, G):
         i_hv = i_h * G + g
         o_o = (start * HV + i_hv) * V
         b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
         # h is indexed by the global chunk index, the numbering the state pass uses
-        b_h = tl.load(h + (i_c.to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
-                      mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_o = tl.dot(b_q, b_h, input_precision=PREC) * (b_rq * tl.exp(b_gam))[:, None]
+        if KS == 0:
+            b_h = tl.load(h + (i_c.to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
+                          mask=m_k[:, None] & m_v[None, :], other=0.0)
+            b_o = tl.dot(b_q, b_h, input_precision=PREC) * (b_rq * tl.exp(b_gam))[:, None]
+        else:
+            b_o = qh_slices(q + start * s_qt + i_h * s_qh, s_qt, h + (i_c.to(tl.int64) * HV + i_hv) * K * V, o_i,
+                            m_t, o_v, m_v, K, V, KS, BT, BV, PREC) * (b_rq * tl.exp(b_gam))[:, None]
         b_p = b_s * tl.exp(tl.where(m_inc, b_gam[:, None] - b_gam[None, :], 0.0))
         b_vn = tl.load(v_new + o_o + p_o, mask=m_o, other=0.0)
         b_o = tl.dot(b_p.to(DT), b_vn, b_o, input_precision=PREC)
         tl.store(o + o_o + p_o, b_o.to(o.dtype.element_ty), mask=m_o)
+
+
+@triton.jit
+def qk_slices(p_q, p_k, s_qt, s_kt, o_i, m_t, K: tl.constexpr, KS: tl.constexpr, BT: tl.constexpr,
+              PREC: tl.constexpr):
+    """The chunk's raw q k^T [BT, BT] and the rows' sums of q^2, over K in runtime slices of KS columns (p_q, p_k
+    at the chunk's first row of the key head)."""
+    b_qk = tl.zeros([BT, BT], dtype=tl.float32)
+    b_qq = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(0, (K + KS - 1) // KS):
+        o_ks = i_k * KS + tl.arange(0, KS)
+        m = m_t[:, None] & (o_ks < K)[None, :]
+        b_q = tl.load(p_q + o_i[:, None] * s_qt + o_ks[None, :], mask=m, other=0.0)
+        b_k = tl.load(p_k + o_i[:, None] * s_kt + o_ks[None, :], mask=m, other=0.0)
+        b_qq += tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1)
+        b_qk = tl.dot(b_q, tl.trans(b_k), b_qk, input_precision=PREC)
+    return b_qk, b_qq
+
+
+@triton.jit
+def qh_slices(p_q, s_qt, p_h, o_i, m_t, o_v, m_v, K: tl.constexpr, V: tl.constexpr, KS: tl.constexpr,
+              BT: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """The chunk's raw q h [BT, BV] (h: one [K, V] state, the columns o_v) over K in runtime slices of KS."""
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(0, (K + KS - 1) // KS):
+        o_ks = i_k * KS + tl.arange(0, KS)
+        b_q = tl.load(p_q + o_i[:, None] * s_qt + o_ks[None, :], mask=m_t[:, None] & (o_ks < K)[None, :], other=0.0)
+        b_h = tl.load(p_h + o_ks[:, None] * V + o_v[None, :], mask=(o_ks < K)[:, None] & m_v[None, :], other=0.0)
+        b_o = tl.dot(b_q, b_h, b_o, input_precision=PREC)
+    return b_o
