@@ -58,6 +58,14 @@ def interpret_launch(spec: OpSpec, shapes: dict, dtypes: dict, attrs: dict, tens
     aot.family(spec)(spec, shapes, dtypes, attrs).launch_jit(tensors)
 
 
+def bound_io(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Each tensor copied into an allocation of its own, as TensorRT binds I/O (256-byte aligned addresses; the AOT
+    kernels are compiled for 16-byte aligned pointers). The samples' q, k, v, a, b are contiguous views at odd
+    offsets of one buffer: launched as they are, the vectorized loads fault with a misaligned address (H200,
+    2026-12-03)."""
+    return {n: t.clone(memory_format=torch.contiguous_format) for n, t in tensors.items()}
+
+
 def run_plugins(op: OpSpec, tensors: dict[str, Tensor], sizes: dict, case: Case, act: torch.dtype,
                 launch: Launch) -> None:
     """`op` as its AOT plugins, in order, on `tensors` (inputs by name; outputs and intermediates added)."""
@@ -83,8 +91,8 @@ def check_gdn(case: Case, heads: Heads, dtype: torch.dtype, device: str, launch:
     step = case.step
     x, pack, pool = make_inputs(step, heads, dtype, device, pool_rows)
     T, N = sum(step.lengths), len(step.lengths)
-    t = {n: getattr(x, n).contiguous() for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias")}
-    t.update(cu_seqlens=pack.cu_seqlens, slots=pack.slots, ssm_pool=pool.clone())
+    t = bound_io({n: getattr(x, n) for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias")}
+                 | dict(cu_seqlens=pack.cu_seqlens, slots=pack.slots, ssm_pool=pool))
     sizes = dict(T=T, N=N, S=pool_rows, H=heads.H, HV=heads.HV, K=heads.K, V=heads.V)
     ref_x, ref_pack, pool_ref = f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool.cpu().double()
     nan = float("nan")
@@ -125,8 +133,7 @@ def check_conv(case: Case, conv: Conv, dtype: torch.dtype, device: str, launch: 
     step = case.step
     x, params, pack, pool = conv_inputs(step, conv, dtype, device)
     T, N, L = sum(step.lengths), len(step.lengths), params.state_len
-    t = dict(x=x.contiguous(), weight=params.weight.contiguous(), cu_seqlens=pack.cu_seqlens, slots=pack.slots,
-             conv_pool=pool.clone())
+    t = bound_io(dict(x=x, weight=params.weight, cu_seqlens=pack.cu_seqlens, slots=pack.slots, conv_pool=pool))
     sizes = dict(T=T, N=N, S=pool.shape[0], D=conv.D, W=conv.W, L=L)
     ref_params = type(params)(params.weight.cpu().double(), params.dilation, params.activation)
     ref_pack, pool_ref = Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool.cpu().double()

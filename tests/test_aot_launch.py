@@ -118,6 +118,7 @@ def cuda_launch(spec: OpSpec, shapes: dict, dtypes: dict, attrs: dict, tensors: 
         t = tensors[n]
         assert t.is_contiguous() and str(t.dtype).removeprefix("torch.") == dtypes[n], n
         assert tuple(t.shape) == tuple(aot.value(d) for d in shapes[n]), (n, tuple(t.shape), shapes[n])
+        assert t.data_ptr() % 256 == 0, f"{n}: TensorRT binds I/O at 256-byte aligned addresses"
     args = [ctypes.c_uint64(tensors[n].data_ptr()) for n in spec.inputs]
     args += [ctypes.c_int32(aot.value(s)) for s in k.scalars]
     args += [ctypes.c_uint64(tensors[n].data_ptr()) for n in spec.outputs]
