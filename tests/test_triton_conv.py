@@ -136,7 +136,7 @@ def test_update(conv, dtype):
 
 # the one-token update's variants that bench/kernels.py times beside the default (`Tuning`), so whichever the
 # defaults take is tested at the same commit
-UPDATE_VARIANTS = {"weight-gathers": dict(update_wtile=False), "bd1024-w8": dict(update_bd=1024, update_warps=8),
+UPDATE_VARIANTS = {"weight-gathers": dict(update_wtile=False), "bd256-w4": dict(update_bd=256, update_warps=4),
                    "bd512-w4": dict(update_bd=512, update_warps=4), "bd128-w2": dict(update_bd=128, update_warps=2)}
 
 

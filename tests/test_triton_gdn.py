@@ -172,7 +172,7 @@ def test_recurrent_variants(variant, dtype, monkeypatch):
 
 # Tuning variants that bench/kernels.py times beside the defaults (its prefill-var section), each checked against
 # float64 here so the defaults can take whichever wins at the commit that measured it
-CHUNK_VARIANTS = {"rq-first": dict(rq_first=True), "wu-loop": dict(wu_stages=2), "state-kb": dict(state_kb=True),
+CHUNK_VARIANTS = {"rq-after": dict(rq_first=False), "wu-loop": dict(wu_stages=2), "state-kb": dict(state_kb=True),
                   "all-three": dict(rq_first=True, wu_stages=3, state_kb=True)}
 
 

@@ -101,12 +101,13 @@ else:
         check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 2, 16, 40), F32, "cpu")
 
     def test_gdn_chunked_rq_first(monkeypatch):
-        # 1 / |q| from pass 1, loaded by the output pass (Tuning.rq_first), shared and per-head solve
+        # 1 / |q| from pass 1, loaded by the output pass (Tuning.rq_first, the default), or reduced by the output pass
+        # itself; shared and per-head solve
         from dataclasses import replace
 
         from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
 
-        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rq_first=True))
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rq_first=False))
         check_chunked(Step((70, 3, 0), (1, 0, 2), (-1, 2, 0)), Heads(1, 3, 48, 16), F32, "cpu")
         monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rq_first=True, solve_share=False))
         check_chunked(Step((65, 1), (0, 2), (64, 0)), Heads(2, 2, 16, 24), F32, "cpu")

@@ -81,6 +81,6 @@ def plan(spec: OpSpec, shapes: dict, dtypes: dict[str, str], attrs: dict[str, in
         meta.update(BD=BD, BT=BT, BN=max(2, triton.next_power_of_2(n if n is not None else attrs["max_seqs"])))
         return KernelPlan(fn, tuple(sig + [("N", "i32")] + outs), tuple(meta.items()), TUNING.chunk_warps, 3,
                           (cdiv(D, BD), add(cdiv(T, BT), N), 1), (N,))
-    BD = min(TUNING.update_bd, triton.next_power_of_2(D))
+    BD = min(TUNING.state_bd, triton.next_power_of_2(D))
     meta.update(BD=BD, BS=BS)
-    return KernelPlan(fn, tuple(sig + outs), tuple(meta.items()), TUNING.update_warps, 3, (cdiv(D, BD), N, 1))
+    return KernelPlan(fn, tuple(sig + outs), tuple(meta.items()), TUNING.state_warps, 3, (cdiv(D, BD), N, 1))

@@ -41,8 +41,12 @@ class Tuning:
     """Launch parameters: the winners of `bench/kernels.py --sweep conv` on the H200 (Qwen3-Next conv, D = 8192,
     W = 4; bench/results/2026-12-03-conv-sweep.md)."""
 
-    update_bd: int = 256  # also the channel tile of the prefill's state launch
-    update_warps: int = 4
+    # the one-token update: 1024 channels on 8 warps took 10.83 us at N = 256 against 11.70 with 256 on 4 (FLA
+    # 11.53; H200, bench/results/2026-12-03-kernels-round2.md, conv-var)
+    update_bd: int = 1024
+    update_warps: int = 8
+    state_bd: int = 256  # the channel tile of the prefill's state launch (its tiling before the update's changed)
+    state_warps: int = 4
     # one-token update of the GDN conv (dilation 1, W = 4): the weights as one aligned [BD, W] tile, its columns
     # picked in registers (a layout conversion through shared memory per tap: 11 barriers in the sm_90 code), as in
     # the probe that ran in 10.2 us at N = 256 (2026-12-03-kernels-variants.md); off: W strided 2-byte loads per
@@ -310,9 +314,9 @@ def launch_prefill(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor
         conv_chunk_kernel[(triton.cdiv(D, BD), triton.cdiv(T, BT) + N)](
             x, conv.weight, y, pack.cu_seqlens, pack.slots, N, x.stride(0), conv.weight.stride(0),
             BD=BD, BT=BT, BN=max(2, triton.next_power_of_2(N)), num_warps=tuning.chunk_warps, **meta)
-    BD = min(tuning.update_bd, triton.next_power_of_2(D))
+    BD = min(tuning.state_bd, triton.next_power_of_2(D))
     conv_state_kernel[(triton.cdiv(D, BD), N)](
         x, conv.weight, y, conv_pool, capture.buf, pack.cu_seqlens, pack.slots, capture.at, x.stride(0),
-        conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len), num_warps=tuning.update_warps,
+        conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len), num_warps=tuning.state_warps,
         **meta)
     return y

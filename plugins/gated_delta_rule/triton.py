@@ -50,7 +50,8 @@ class Tuning:
     # to shared memory by cp.async while the current one is reduced, updated and stored). At N = 64 / 256 the
     # 64 x 2 tile reached 82.7 / 88.7 % of the copy rate where the same grid moving only the state reached 93.9 /
     # 96.6 %: the step's compute between a tile's load and its store holds the program's registers with no load in
-    # flight (H200, 2026-12-03-kernels-variants.md). 0: one tile. Not yet timed.
+    # flight (H200, 2026-12-03-kernels-variants.md). 0: one tile. Timed slower: the best sub-tiling (128 x 4 warps,
+    # 32-wide, 3 stages) 77.2 / 292.2 us against the tile's 76.8 / 283.7 at N = 64 / 256 (2026-12-03-kernels-round2.md).
     rec_sub: int = 0
     rec_sub_stages: int = 3
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
@@ -65,7 +66,8 @@ class Tuning:
     wu_warps: int = 8
     # > 0: the w/u pass loops over 64-wide K and V slices at run time, software-pipelined with this many stages
     # (FLA's recompute_w_u form, 161 us at T = 16384 against our unrolled pass's 194, H200, 2026-12-03); 0: K in
-    # one tile, V slices unrolled (the form measured). Not yet timed.
+    # one tile, V slices unrolled (the form measured). Timed slower: 2 stages 994 against 971.7 us at T = 16384,
+    # 937 against 918 us for 16 x 1024 (H200, 2026-12-03-kernels-round2.md).
     wu_stages: int = 0
     state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
     state_warps: int = 4
@@ -81,14 +83,17 @@ class Tuning:
     state_stages_many: int = 2
     # the state as two 64-row halves (K <= 128) with each product split the same way, FLA's chunk_delta_h form
     # (its state pass took 311 us at T = 16384 against our 352, H200, 2026-12-03): compiled for sm_90 the loop
-    # body then has FLA's shared-memory traffic and 174 registers against 220. Not yet timed.
+    # body then has FLA's shared-memory traffic and 174 registers against 220. Timed: slower for one sequence
+    # (991.7 against 971.7 us at T = 16384), faster for many (901.4 against 917.6 us for 16 x 1024; H200,
+    # 2026-12-03-kernels-round2.md): a candidate for the many-sequence tiling only, not tried.
     state_kb: bool = False
     out_bv: int = 128
     out_warps: int = 4
     # 1 / |q| per row computed in pass 1 (from q loads beside its k loads, off the solve's dependent chain) and
     # stored ([T, H] fp32, 1 MB at T = 16384), so the output pass loads it instead of reducing its q tile (that
-    # reduction took the pass from 212 to 251 us, H200, 2026-12-03-kernels-variants.md). Not yet timed.
-    rq_first: bool = False
+    # reduction took the pass from 212 to 251 us, H200, 2026-12-03-kernels-variants.md). Timed: 961.8 against
+    # 971.7 us at T = 16384 and 906.0 against 917.6 us for 16 x 1024 (H200, 2026-12-03-kernels-round2.md).
+    rq_first: bool = True
     # dot precisions of the chunked passes on fp32 activations. IEEE dots are lowered to unrolled FMA loops: at
     # K = V = 128 the output pass took 72-105 s to compile under Triton 3.9 (G = 2, 3) and 282 s under 3.6 (G = 3),
     # with 20-39 KB of spilled stack per thread, which made the fp32 prefill GPU tests run for minutes. 3xTF32
