@@ -198,10 +198,12 @@ class GdnLayer(nn.Module):
         host's input norm, or on hc models its stream mix, produced) -> the mixer output [T, C], before any residual
         add. The conv and GDN state are read and written as `run_impl` does in `mode`; the norms, the MLP, the
         hyper-connections and PLE are the host's (a PLE layer's PLE part is not run: call the whole layer there).
-        Unchecked, like `run_impl`: the runtime validates the step at its boundary."""
+        Unchecked, like `run_impl`: the runtime validates the step at its boundary. On a tensor-parallel rank the
+        `out_proj` all-reduce is the call's last one (left to the host with `host_reduce`), even on a dense-MLP
+        layer, whose MLP the host runs here."""
         io = _Io(mode, step.pack, state, extra)
         io.lora = step.lora
-        return self._mixer(step.x, io, self._fused(step.x))
+        return self._mixer(step.x, io, self._fused(step.x), last=True)
 
     def forward_sequence(self, x: Tensor, ple_rows: Tensor | None = None) -> Tensor:
         """One whole sequence from a fresh state, HF convention: x is the hidden state entering the layer
@@ -261,7 +263,7 @@ class GdnLayer(nn.Module):
         residual = x + delta
         return rms_norm_1p(residual, w, self.cfg.rms_norm_eps), residual
 
-    def _mixer(self, h: Tensor, io: _Io, fused: bool) -> Tensor:
+    def _mixer(self, h: Tensor, io: _Io, fused: bool, last: bool | None = None) -> Tensor:
         """GDN token mixer: [T, C] -> [T, C]. q, k, v, z, a, b stay column views of the projection: the conv and
         GDN kernels and the fused gated norm take their row strides, so the split copies nothing."""
         cfg, m = self.cfg, self.mixer
@@ -276,7 +278,8 @@ class GdnLayer(nn.Module):
         norm = glue.gated_rms_norm if fused else gated_rms_norm
         o = norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
         o = o.reshape(T, cfg.value_dim)
-        return self._reduce(io.adapt(F.linear(o, m.out_proj), o, self._by_proj[Proj.OUT_PROJ]), self.mlp is None)
+        last = self.mlp is None if last is None else last
+        return self._reduce(io.adapt(F.linear(o, m.out_proj), o, self._by_proj[Proj.OUT_PROJ]), last)
 
     def _mlp(self, h: Tensor, io: _Io, fused: bool) -> Tensor:
         gate_up = io.adapt(F.linear(h, self.mlp.gate_up), h, self._by_proj[Proj.GATE_UP])
