@@ -245,6 +245,10 @@ class GdnLayer(nn.Module):
             out = self._hc_sublayer(out.x, (), self.mlp_hc, lambda h: self._mlp(h, io, fused), fused, host)
         return out
 
+    def _collective(self) -> bool:
+        """Whether a run of this layer calls an all-reduce (and so needs its process group)."""
+        return self.cfg.tp_size > 1 and (not self.tp.host_reduce or self.mlp is not None)
+
     def _host_reduces(self) -> bool:
         return self.cfg.tp_size > 1 and self.tp.host_reduce
 
@@ -360,11 +364,13 @@ class GdnLayer(nn.Module):
         if step.lora is not None:
             check_input(step.lora, self.lora_sites, step.x.shape[0], self.dtype)
         if torch.compiler.is_exporting():
-            if cfg.tp_size > 1:
-                raise TpError(f"layer {self.index} is rank {cfg.tp_rank} of tp={cfg.tp_size}: exporting a rank's "
-                              "layer is not built yet (its all-reduce has no place in the graph)")
+            if self._collective():
+                raise TpError(f"layer {self.index} is rank {cfg.tp_rank} of tp={cfg.tp_size}: its graph would hold "
+                              "an all-reduce; export a rank's layer with TpSpec(host_reduce=True), which leaves its "
+                              "one reduction to the host (a dense-MLP layer has two: not exported at tp > 1)")
             return  # token counts are symbolic while tracing; the GraphSpec profiles bound them
-        self.tp.check(cfg)
+        if self._collective():
+            self.tp.check(cfg)
         why = mode.refuse(step.pack.num_seqs, step.x.shape[0])
         if why is not None:
             raise ValueError(why)
