@@ -106,10 +106,11 @@ def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str, match: P
     plan. Raises `PlanMismatchError` when a manifest there names this model but another config hash or dtype,
     other LoRA slots than `match`, layers that are not one run of `gdn_runs`, weights inside the plan (one copy
     per mode), a plan outside engines_dir, or a plan or graph whose sha256 differs from the recorded one
-    (`plan_files.py`), or stack plans whose runs overlap; when the engine config (or a tensor-parallel rank's
-    `tp`: another rank's plans are refused, naming both; a folder of `rank<r>` folders gives the session's rank's) beside the plans (`config.json`)
-    describes another model (`engine_config.check_engine_config`); and `FileNotFoundError` when none is found. Files that are not plan
-    manifests are listed in one warning, with the reason each was skipped."""
+    (`plan_files.py`), or stack plans whose runs overlap; when the engine config beside the plans (`config.json`)
+    describes another model (`engine_config.check_engine_config`) or another tensor-parallel rank (its `tp`, both
+    named); and `FileNotFoundError` when none is found. A folder of `rank<r>` folders (`gdn-trt build` of an
+    `export --tp N`) gives a rank's session its own. Files that are not plan manifests are listed in one warning,
+    with the reason each was skipped."""
     root = Path(engines_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"engines_dir {root} does not exist (run gdn-trt export and gdn-trt build)")

@@ -44,7 +44,8 @@ def inputs(name: str, seed: int) -> dict:
     rnd = lambda *s: torch.randn(*s, generator=g, dtype=F64)  # noqa: E731
     ids = lambda n: torch.randint(0, cfg.vocab_size, (n,), generator=g).numpy()  # noqa: E731
     return {"prefill": {s: (rnd(n, D), ids(n)) for s, (n, _) in PREFILL.items()},
-            "decode": [(rnd(1, D), ids(1)) for _ in range(2)], "verify": {0: (rnd(3, D), ids(3)), 1: (rnd(2, D), ids(2))},
+            "decode": [(rnd(1, D), ids(1)) for _ in range(2)],
+            "verify": {0: (rnd(3, D), ids(3)), 1: (rnd(2, D), ids(2))},
             "decode4": [(rnd(1, D), ids(1)) for _ in range(4)], "host": (rnd(2, D), ids(2)),
             "mixer": [rnd(5, C) for _ in cfg.gdn_layer_ids], "mixer_ids": ids(5), "host_decode": (rnd(1, D), ids(1))}
 
