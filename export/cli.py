@@ -35,7 +35,7 @@ EXPORT_EXAMPLES = """examples:
   gdn-trt export --preset tiny-3.5 --stack           # one graph per run of consecutive GDN layers: stack<a>-<b>/
   gdn-trt export --checkpoint DIR --embed-weights    # weights inside the graphs (for gdn-trt refit, trtexec)
   gdn-trt export --preset tiny-3.5 --aot --out artifacts/onnx-aot   # every node one kernel (AOT plugins)
-  gdn-trt export --preset tiny-next-tp --tp 2        # one graph set per tensor-parallel rank: <out>/rank<r>/
+  gdn-trt export --preset tiny-4exp-tp --tp 2        # one graph set per tensor-parallel rank: <out>/rank<r>/
 
 The folder gets manifest.json, layer<i>/<mode>.onnx (stack<a>-<b>/<mode>.onnx with --stack; + .onnx.data with
 --embed-weights) and beside each graph a Polygraphy data loader (the weight inputs fed from the checkpoint):
