@@ -25,11 +25,13 @@ import onnx
 import torch
 
 from gdn_trt.model.checkpoint import Checkpoint
-from gdn_trt.model.config import GdnConfig
+from gdn_trt.model.config import GdnConfig, Shard
 from gdn_trt.model.dtypes import DTYPES
 from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.model.peft import load_adapter, merge_checkpoint
+from gdn_trt.model.lora import shard_adapter
+from gdn_trt.model.tp import TpSpec, full_config
 from gdn_trt.plugins.spec import NAMESPACE
 
 from .data import write_loader_script
@@ -135,11 +137,37 @@ def exported_weights(manifest: "Manifest", ck: Checkpoint) -> Checkpoint:
     if ad is None:
         return ck
     path = (manifest.root / ad["path"]).resolve()
-    adapter = load_adapter(path, ck.config, ad["name"])
+    adapter = rank_adapter(path, ck.config, ad["name"])
     if adapter.digest() != ad["digest"]:
         raise ValueError(f"{path}: adapter digest {adapter.digest()} differs from the export's {ad['digest']} "
                          "(the adapter changed since the export)")
     return merge_checkpoint(ck, adapter)
+
+
+def tp_fields(cfg: GdnConfig) -> dict:
+    """What a rank's manifest and engine config record (only at tp > 1: a whole model's files are unchanged)."""
+    return {"size": cfg.tp_size, "rank": cfg.tp_rank, "reduce": "host"}
+
+
+def export_layer(cfg: GdnConfig, lw, dtype: str) -> GdnLayer:
+    """The layer a graph is traced from. A tensor-parallel rank's (`cfg.tp_size` > 1) leaves its all-reduce to the
+    host: the graph outputs the rank's partial sum and holds no collective. Why not TensorRT's all-reduce inside
+    the plan: it ties the plan to one communicator and to TensorRT-LLM's plugin library, and the engines that host
+    these layers (vLLM, SGLang, TensorRT-LLM) own their communicator and fuse the reduction with their residual add
+    and RMSNorm; the runtime does it with `torch.distributed` where no host stands after the layer."""
+    return GdnLayer(cfg, lw, DTYPES[dtype], TpSpec(host_reduce=True) if cfg.tp_size > 1 else None).eval()
+
+
+def rank_adapter(path: Path, cfg: GdnConfig, name: str | None = None):
+    """A PEFT adapter for `cfg`: loaded for the whole model and cut for a tensor-parallel rank's config."""
+    whole = full_config(cfg)
+    adapter = load_adapter(path, whole, name)
+    return adapter if cfg.tp_size == 1 else shard_adapter(adapter, whole, Shard(cfg.tp_size, cfg.tp_rank))
+
+
+def rank_folder(out: Path, rank: int) -> Path:
+    """Where rank `rank`'s graphs of `gdn-trt export --tp N` go (and its plans under `gdn-trt build --out`)."""
+    return Path(out) / f"rank{rank}"
 
 
 def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
@@ -151,14 +179,14 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
     root = Path(out)
     merged = None
     if plan.adapter is not None:
-        adapter = load_adapter(plan.adapter, cfg)
+        adapter = rank_adapter(plan.adapter, cfg)
         ck = merge_checkpoint(ck, adapter)
         merged = {"name": adapter.name, "digest": adapter.digest(), "path": _portable(plan.adapter, root),
                   "skipped_tensors": len(adapter.skipped)}
     by_index = {lw.index: lw for lw in ck.layers}
     records = []
     for ids in plan.graph_layers(ck):
-        layers = [GdnLayer(cfg, by_index[i], DTYPES[dtype]).eval() for i in ids]
+        layers = [export_layer(cfg, by_index[i], dtype) for i in ids]
         for mode in plan.modes:
             spec = graph_spec(cfg, ids if len(ids) > 1 else ids[0], mode, plan.limits, dtype, plan.weights, plan.aot)
             path = export_graph(layers, spec, root / spec.folder / f"{spec.stem}.onnx")
@@ -175,6 +203,8 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__},
         "graphs": [r.to_json() for r in records],
     }
+    if cfg.tp_size > 1:
+        manifest["tp"] = tp_fields(cfg)
     path = root / MANIFEST
     path.write_text(json.dumps(manifest, indent=2))
     return path

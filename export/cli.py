@@ -35,6 +35,7 @@ EXPORT_EXAMPLES = """examples:
   gdn-trt export --preset tiny-3.5 --stack           # one graph per run of consecutive GDN layers: stack<a>-<b>/
   gdn-trt export --checkpoint DIR --embed-weights    # weights inside the graphs (for gdn-trt refit, trtexec)
   gdn-trt export --preset tiny-3.5 --aot --out artifacts/onnx-aot   # every node one kernel (AOT plugins)
+  gdn-trt export --preset tiny-4exp-tp --tp 2        # one graph set per tensor-parallel rank: <out>/rank<r>/
 
 The folder gets manifest.json, layer<i>/<mode>.onnx (stack<a>-<b>/<mode>.onnx with --stack; + .onnx.data with
 --embed-weights) and beside each graph a Polygraphy data loader (the weight inputs fed from the checkpoint):
@@ -139,6 +140,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--embed-weights", action="store_true", default=False,
                    help="weights inside the graphs as initializers (one copy per mode's plan; for refit and cost "
                         "measurements) instead of graph inputs bound from one copy per layer; default: inputs")
+    p.add_argument("--tp", type=cliargs.positive_int, default=1,
+                   help="tensor-parallel size: one graph set per rank in <out>/rank<r>/, each rank's heads, its graphs "
+                        "output the rank's partial sum (the host all-reduces); default: 1, the whole model in <out>")
     p.set_defaults(func=run_export)
 
     p = sub.add_parser("build", help="TensorRT plans from exported graphs (needs TensorRT >= 10.8)",
@@ -213,7 +217,11 @@ def run_export(args) -> int:
     from gdn_trt.model.checkpoint import load_checkpoint, make_synthetic_checkpoint
     from gdn_trt.model.peft import load_adapter
 
-    from .artifacts import ExportPlan, export_checkpoint
+    from gdn_trt.model.config import Shard
+    from gdn_trt.model.tp import TpError, check_shard, shard_config
+
+    from .artifacts import ExportPlan, export_checkpoint, rank_folder
+    from .spec import check_rank_graph
 
     cfg = _config(args)  # everything below is checked before a file is written
     out = args.out or ONNX_ROOT / cfg.name
@@ -225,7 +233,15 @@ def run_export(args) -> int:
                     args.token_buckets, lora)
     plan = ExportPlan(args.modes or tuple(LayerMode), args.layers, args.dtype, limits, args.adapter, args.stack,
                       not args.embed_weights, args.aot)
-    total = len(plan.graph_layers(cfg)) * len(plan.modes)
+    total = len(plan.graph_layers(cfg)) * len(plan.modes) * args.tp
+    if args.tp > 1:  # refused before a file is written: a size that does not divide the heads, a stack, dense MLPs
+        try:
+            check_shard(cfg, Shard(args.tp, 0))
+            for ids in plan.graph_layers(cfg):
+                check_rank_graph(shard_config(cfg, Shard(args.tp, 0)), ids)
+        except TpError as e:
+            print(f"gdn-trt export: {e}", file=sys.stderr)
+            return 2
     if args.adapter is not None:
         load_adapter(args.adapter, cfg)
     if args.checkpoint is None:
@@ -233,13 +249,15 @@ def run_export(args) -> int:
         print(f"synthetic checkpoint of preset {cfg.name} (seed 0): {path}")
     else:
         path = args.checkpoint
-    ck = load_checkpoint(path)
-    with tqdm(total=total, desc=f"export {ck.config.name}", unit="graph", file=sys.stderr) as bar:
+    ranks = [(Shard(), out)] if args.tp == 1 else [(Shard(args.tp, r), rank_folder(out, r)) for r in range(args.tp)]
+    with tqdm(total=total, desc=f"export {cfg.name}", unit="graph", file=sys.stderr) as bar:
         def progress(rec):
             tqdm.write(rec.summary())
             bar.update(1)
 
-        manifest = export_checkpoint(ck, out, plan, progress)
+        for shard, folder_r in ranks:  # a rank reads only its slices of the checkpoint
+            ck = load_checkpoint(path, shard)
+            manifest = export_checkpoint(ck, folder_r, plan, progress)
     merged = json.loads(manifest.read_text())["adapter"]
     if merged:
         print(f"merged LoRA adapter {merged['name']} (digest {merged['digest']}; {merged['skipped_tensors']} tensors "
@@ -247,16 +265,28 @@ def run_export(args) -> int:
     if lora:
         print(f"per-sequence LoRA: {lora.max_adapters} adapter slots of rank {lora.max_rank} on "
               f"{', '.join(t.value for t in lora.resolve(ck.config))}")
-    print(f"{total} graphs, manifest: {manifest}")
+    print(f"{total} graphs, manifest: {manifest}" if args.tp == 1 else
+          f"{total} graphs, one manifest per rank: {out}/rank<r>/manifest.json (r = 0..{args.tp - 1})")
     folder = "stack<a>-<b>" if plan.stack else "layer<i>"
+    if args.tp > 1:
+        folder = f"rank<r>/{folder}"
     print(f"next: gdn-trt compare --onnx {out}; gdn-trt build --onnx {out}; polygraphy run {out}/{folder}/<mode>.onnx "
           f"--onnxrt --data-loader-script {out}/{folder}/<mode>_data.py")
     return 0
 
 
-def plans_dir(out: Path | None, model: str, several: bool) -> Path:
+def _rank(manifest) -> int | None:
+    """The tensor-parallel rank of an export (None: a whole model's)."""
+    tp = manifest.data.get("tp")
+    return None if tp is None else tp["rank"]
+
+
+def plans_dir(out: Path | None, model: str, several: bool, rank: int | None = None) -> Path:
     """Where the plans of one export go (build) or are (compare, refit): `out` itself, `<out>/<model>` when one
-    command covers several exports, `engines/<model>` when no folder is given."""
+    command covers several exports, `engines/<model>` when no folder is given; a tensor-parallel rank's export
+    (`rank`) among several: `<out>/rank<r>` (`<out>` = `engines/<model>` when not given)."""
+    if rank is not None and (several or out is None):
+        return (ENGINES_ROOT / model if out is None else out) / f"rank{rank}"
     if out is None:
         return ENGINES_ROOT / model
     return out / model if several else out
@@ -313,7 +343,7 @@ def run_build(args) -> int:
         impl = "none" if args.no_plugins else args.plugins
         if impl == "auto":
             impl = "aot" if m.data.get("form") == "aot" else "jit"
-        opts = build_options(args, plans_dir(args.out, m.data["model"], len(manifests) > 1), impl)
+        opts = build_options(args, plans_dir(args.out, m.data["model"], len(manifests) > 1, _rank(m)), impl)
         form = m.data.get("form", "jit")
         print(f"TensorRT {trt.__version__}; plugins: {plugin_label(impl)}; {m.root} ({form} form) -> {opts.out}")
         for rec in tqdm(m.select(args.modes), desc=f"build {m.data['model']}", unit="plan", file=sys.stderr):
@@ -333,7 +363,7 @@ def run_refit(args) -> int:
         return 2
     print(f"TensorRT {trt.__version__}")
     for m in manifests:
-        for plan in refit_plans(m, plans_dir(args.engines, m.data["model"], len(manifests) > 1), args.modes):
+        for plan in refit_plans(m, plans_dir(args.engines, m.data["model"], len(manifests) > 1, _rank(m)), args.modes):
             print(f"refit {plan}")
     return 0
 
@@ -371,7 +401,7 @@ def run_compare(args) -> int:
             if "onnxref" in backends and args.backends == "auto":
                 print(f"compare: {m.data['model']} is a {dtype} export: ONNX Runtime's CPU provider has no {dtype} "
                       "kernels, so ONNX's reference evaluator (onnxref) runs the graphs, in numpy: slow on big layers")
-            engines = plans_dir(args.engines, m.data["model"], len(manifests) > 1) if args.engines else None
+            engines = plans_dir(args.engines, m.data["model"], len(manifests) > 1, _rank(m)) if args.engines else None
             opts = CompareOptions(backends, args.device, args.iterations, engines)
             layers = layers_of(m, dtype)
             for rec in tqdm(m.select(args.modes), desc=f"compare {m.data['model']}", unit="graph", file=sys.stderr):

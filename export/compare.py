@@ -19,10 +19,10 @@ from pathlib import Path
 from polygraphy.comparator import Comparator
 
 from gdn_trt.model.checkpoint import load_checkpoint
-from gdn_trt.model.dtypes import DTYPES
+from gdn_trt.model.config import Shard
 from gdn_trt.model.layer import GdnLayer
 
-from .artifacts import GraphRecord, Manifest, checkpoint_path, exported_weights
+from .artifacts import GraphRecord, Manifest, checkpoint_path, export_layer, exported_weights
 from .data import GraphData, loader_graph
 from .runners import OnnxRefRunner, TorchRunner, from_torch, onnxrt_runner, trt_runner
 from .spec import GraphSpec, Role
@@ -185,13 +185,13 @@ def layers_of(manifest: Manifest, dtype: str, ids: tuple[int, ...] | None = None
         raise FileNotFoundError(f"{manifest.path}: its checkpoint {ck_path} is not there (the manifest records it "
                                 "relative to its folder: move an export together with its checkpoint); the torch "
                                 "runner needs it")
-    ck = load_checkpoint(ck_path)
+    tp = manifest.data.get("tp")  # a rank's export: read its slices, its layers leave the reduction to the host
+    ck = load_checkpoint(ck_path, None if tp is None else Shard(tp["size"], tp["rank"]))
     if ck.config.config_hash() != manifest.data["config_hash"]:
         raise ValueError(f"{ck_path}: config hash {ck.config.config_hash()} differs from the export's "
                          f"{manifest.data['config_hash']}")
     ck = exported_weights(manifest, ck)
-    return {lw.index: GdnLayer(ck.config, lw, DTYPES[dtype]).eval() for lw in ck.layers
-            if ids is None or lw.index in ids}
+    return {lw.index: export_layer(ck.config, lw, dtype) for lw in ck.layers if ids is None or lw.index in ids}
 
 
 def polygraphy_loader(script: str | Path, iterations: int = 2):

@@ -60,6 +60,8 @@ def model_fields(cfg: GdnConfig, act_dtype: str) -> dict:
         "recurrent_spec_verify_mode": VERIFY_MODE,
         "stack_runs": [list(r) for r in gdn_runs(cfg)],
     }
+    if cfg.tp_size > 1:  # a rank's plans: absent for a whole model, so its config.json is what it was
+        out["tp"] = {"size": cfg.tp_size, "rank": cfg.tp_rank, "reduce": "host"}
     if ple:
         out.update({"ple_conv_dim": cfg.stream_dim, "ple_conv_kernel": cfg.ple_conv_kernel_size,
                     "ple_conv_dilation": cfg.ple_dilation, "ple_conv_state_shape": list(cfg.ple_conv_state_shape),

@@ -318,9 +318,27 @@ def _check_layers(cfg: GdnConfig, ids: tuple[int, ...]) -> None:
     if bad or not ids:
         raise ValueError(f"layer {bad[0] if bad else ids} is not a GDN layer of {cfg.name}; GDN layers: "
                          f"{cfg.gdn_layer_ids}")
+    if cfg.tp_size > 1:
+        check_rank_graph(cfg, ids)
     if len(ids) > 1 and gdn_runs(cfg, ids) != [ids]:
         raise ValueError(f"layers {list(ids)} of {cfg.name} are not one run of consecutive GDN layers with nothing "
                          f"of the host's between them (runs of this config: {gdn_runs(cfg)})")
+
+
+def check_rank_graph(cfg: GdnConfig, ids: tuple[int, ...]) -> None:
+    """A tensor-parallel rank's graph holds one layer whose only all-reduce is its last, left out of the graph (the
+    graph outputs the rank's partial sum, `rank_outputs`); `TpError` for a stack (an all-reduce between its layers)
+    or a dense-MLP layer (its first all-reduce, before the post-attention RMSNorm, would sit inside the graph)."""
+    from gdn_trt.model.tp import TpError
+
+    if len(ids) > 1:
+        raise TpError(f"rank {cfg.tp_rank} of tp={cfg.tp_size}: a stack graph of layers {list(ids)} would need an "
+                      "all-reduce between its layers; export per-layer graphs (no --stack) at tp > 1")
+    if cfg.has_mlp(ids[0]):
+        raise TpError(f"layer {ids[0]} of {cfg.name} has a dense MLP: at tp={cfg.tp_size} the all-reduce after its "
+                      "out_proj feeds the post-attention RMSNorm inside the layer, so its graph would hold a "
+                      "collective; rank graphs of dense-MLP layers are not built (layers without one are: Qwen3-Next "
+                      "and Qwen3.5 MoE layers, Qwen4-Exp)")
 
 
 @dataclass(frozen=True)
@@ -398,6 +416,8 @@ def graph_spec(cfg: GdnConfig, layers: int | tuple[int, ...], mode: LayerMode, l
         ins.append(TensorSpec("lora_idx", "int32", (T,), I))
     ins += [t for p in per for t in p.lora] + [t for p in per for t in p.weights]
     outs = [TensorSpec(t.name + "_out", t.dtype, t.dims, A) for t in acts]
+    if cfg.tp_size > 1:  # the rank's partial sum and the replicated rest: hidden = all_reduce(x_out) + residual_out
+        outs = [TensorSpec(n, act, (T, cfg.stream_dim), A) for n in ("x_out", "residual_out")]
     outs += [TensorSpec(t.name + "_out", t.dtype, t.dims, t.role, aliases=t.name, layer=t.layer)
              for p in per for t in p.updated]
     scratch = tuple(t for p in per for t in scratch_tensors(cfg, p.pools, act)) if aot and \

@@ -198,10 +198,12 @@ class GdnLayer(nn.Module):
         host's input norm, or on hc models its stream mix, produced) -> the mixer output [T, C], before any residual
         add. The conv and GDN state are read and written as `run_impl` does in `mode`; the norms, the MLP, the
         hyper-connections and PLE are the host's (a PLE layer's PLE part is not run: call the whole layer there).
-        Unchecked, like `run_impl`: the runtime validates the step at its boundary."""
+        Unchecked, like `run_impl`: the runtime validates the step at its boundary. On a tensor-parallel rank the
+        `out_proj` all-reduce is the call's last one (left to the host with `host_reduce`), even on a dense-MLP
+        layer, whose MLP the host runs here."""
         io = _Io(mode, step.pack, state, extra)
         io.lora = step.lora
-        return self._mixer(step.x, io, self._fused(step.x))
+        return self._mixer(step.x, io, self._fused(step.x), last=True)
 
     def forward_sequence(self, x: Tensor, ple_rows: Tensor | None = None) -> Tensor:
         """One whole sequence from a fresh state, HF convention: x is the hidden state entering the layer
@@ -243,6 +245,10 @@ class GdnLayer(nn.Module):
             out = self._hc_sublayer(out.x, (), self.mlp_hc, lambda h: self._mlp(h, io, fused), fused, host)
         return out
 
+    def _collective(self) -> bool:
+        """Whether a run of this layer calls an all-reduce (and so needs its process group)."""
+        return self.cfg.tp_size > 1 and (not self.tp.host_reduce or self.mlp is not None)
+
     def _host_reduces(self) -> bool:
         return self.cfg.tp_size > 1 and self.tp.host_reduce
 
@@ -261,7 +267,7 @@ class GdnLayer(nn.Module):
         residual = x + delta
         return rms_norm_1p(residual, w, self.cfg.rms_norm_eps), residual
 
-    def _mixer(self, h: Tensor, io: _Io, fused: bool) -> Tensor:
+    def _mixer(self, h: Tensor, io: _Io, fused: bool, last: bool | None = None) -> Tensor:
         """GDN token mixer: [T, C] -> [T, C]. q, k, v, z, a, b stay column views of the projection: the conv and
         GDN kernels and the fused gated norm take their row strides, so the split copies nothing."""
         cfg, m = self.cfg, self.mixer
@@ -276,7 +282,8 @@ class GdnLayer(nn.Module):
         norm = glue.gated_rms_norm if fused else gated_rms_norm
         o = norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
         o = o.reshape(T, cfg.value_dim)
-        return self._reduce(io.adapt(F.linear(o, m.out_proj), o, self._by_proj[Proj.OUT_PROJ]), self.mlp is None)
+        last = self.mlp is None if last is None else last
+        return self._reduce(io.adapt(F.linear(o, m.out_proj), o, self._by_proj[Proj.OUT_PROJ]), last)
 
     def _mlp(self, h: Tensor, io: _Io, fused: bool) -> Tensor:
         gate_up = io.adapt(F.linear(h, self.mlp.gate_up), h, self._by_proj[Proj.GATE_UP])
@@ -357,11 +364,13 @@ class GdnLayer(nn.Module):
         if step.lora is not None:
             check_input(step.lora, self.lora_sites, step.x.shape[0], self.dtype)
         if torch.compiler.is_exporting():
-            if cfg.tp_size > 1:
-                raise TpError(f"layer {self.index} is rank {cfg.tp_rank} of tp={cfg.tp_size}: exporting a rank's "
-                              "layer is not built yet (its all-reduce has no place in the graph)")
+            if self._collective():
+                raise TpError(f"layer {self.index} is rank {cfg.tp_rank} of tp={cfg.tp_size}: its graph would hold "
+                              "an all-reduce; export a rank's layer with TpSpec(host_reduce=True), which leaves its "
+                              "one reduction to the host (a dense-MLP layer has two: not exported at tp > 1)")
             return  # token counts are symbolic while tracing; the GraphSpec profiles bound them
-        self.tp.check(cfg)
+        if self._collective():
+            self.tp.check(cfg)
         why = mode.refuse(step.pack.num_seqs, step.x.shape[0])
         if why is not None:
             raise ValueError(why)

@@ -37,6 +37,7 @@ class Engine(abc.ABC):
     name: str
     layer_idx: int
     device: torch.device
+    tp_veto: str | None = None  # a tensor-parallel rank's capture veto (`runtime/tp.py`: gloo cannot be captured)
 
     @property
     def layer_ids(self) -> tuple[int, ...]:
@@ -72,4 +73,4 @@ class Engine(abc.ABC):
         """Why a step of this engine in `mode` cannot be captured in a CUDA graph (None = it can)."""
         if self.device.type != "cuda":
             return f"{self.name} runs on {self.device.type}: CUDA graphs need a CUDA device"
-        return mode.spec.capture_veto
+        return self.tp_veto or mode.spec.capture_veto

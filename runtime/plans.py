@@ -51,7 +51,12 @@ def _check_engine_configs(root: Path, cfg: GdnConfig, act_dtype: str) -> None:
     if not configs:
         log.warning("engines_dir %s: no %s beside the plans (built before gdn-trt wrote one): nothing to "
                     "cross-check the model against; rebuild to get it", root, CONFIG_NAME)
+    want_tp = None if cfg.tp_size == 1 else {"size": cfg.tp_size, "rank": cfg.tp_rank, "reduce": "host"}
     for path, d in configs:
+        if d.get("tp") != want_tp:
+            raise PlanMismatchError(f"{path}: {_holds(d.get('tp'))}; this session holds {_holds(want_tp)}: point "
+                                    "engines_dir at the plans of its rank (gdn-trt export --tp N, build: "
+                                    "<engines>/rank<r>)")
         if d.get("config_hash") != cfg.config_hash():
             raise PlanMismatchError(f"{path}: engine config of model {d.get('model')!r} (hash "
                                     f"{d.get('config_hash')}); this session runs {cfg.name!r} (hash "
@@ -60,6 +65,19 @@ def _check_engine_configs(root: Path, cfg: GdnConfig, act_dtype: str) -> None:
             check_engine_config(path, d, cfg, act_dtype)
         except EngineConfigError as e:
             raise PlanMismatchError(str(e)) from None
+
+
+def _holds(tp: object) -> str:
+    if not isinstance(tp, dict):
+        return "the whole model (tp=1)"
+    return f"rank {tp.get('rank')} of tp={tp.get('size')}"
+
+
+def rank_dir(root: Path, cfg: GdnConfig) -> Path:
+    """The plans folder of `cfg`'s tensor-parallel rank: `root/rank<r>` where `root` holds the ranks' folders
+    (`gdn-trt build` of a `gdn-trt export --tp N`), else `root` itself."""
+    sub = root / f"rank{cfg.tp_rank}"
+    return sub if cfg.tp_size > 1 and sub.is_dir() else root
 
 
 @dataclass(frozen=True)
@@ -89,11 +107,14 @@ def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str, match: P
     other LoRA slots than `match`, layers that are not one run of `gdn_runs`, weights inside the plan (one copy
     per mode), a plan outside engines_dir, or a plan or graph whose sha256 differs from the recorded one
     (`plan_files.py`), or stack plans whose runs overlap; when the engine config beside the plans (`config.json`)
-    describes another model (`engine_config.check_engine_config`); and `FileNotFoundError` when none is found. Files that are not plan
-    manifests are listed in one warning, with the reason each was skipped."""
+    describes another model (`engine_config.check_engine_config`) or another tensor-parallel rank (its `tp`, both
+    named); and `FileNotFoundError` when none is found. A folder of `rank<r>` folders (`gdn-trt build` of an
+    `export --tp N`) gives a rank's session its own. Files that are not plan manifests are listed in one warning,
+    with the reason each was skipped."""
     root = Path(engines_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"engines_dir {root} does not exist (run gdn-trt export and gdn-trt build)")
+    root = rank_dir(root, cfg)
     want, found, unchecked = cfg.config_hash(), {}, []
     _check_engine_configs(root, cfg, act_dtype)
     manifests, skipped = read_manifests(root)

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from gdn_trt.model.checkpoint import (PLE_META, Checkpoint, PleTable, load_checkpoint, random_layer,
                                      weights_digest)
-from gdn_trt.model.config import PRESETS, GdnConfig
+from gdn_trt.model.config import PRESETS, GdnConfig, Shard
 from gdn_trt.model.devices import DeviceError, resolve_device  # noqa: F401 (DeviceError: what open raises)
 from gdn_trt.model.dtypes import DTYPES, dtype_name
 from gdn_trt.model.layer import GdnLayer
@@ -44,6 +44,7 @@ from gdn_trt.model.lora import Adapter
 from gdn_trt.model.ngram import NgramTable
 from gdn_trt.model.peft import load_adapter
 from gdn_trt.model.state import BufferSpec
+from gdn_trt.model.tp import TpSpec, full_config
 
 from .adapters import AdapterError, AdapterSlots
 from .backends import build_engines, trt_context_budget
@@ -62,6 +63,7 @@ from .state import SlotState, SnapshotError, StatePool
 from .stats import SessionStats
 from .parts import StepParts
 from .steps import Step, StepError, open_step
+from .tp import RankTp, load_rank, shard_of
 
 log = logging.getLogger("gdn_trt.runtime")
 
@@ -74,9 +76,11 @@ def act_dtype(cfg: GdnConfig, device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "cpu" else DTYPES[cfg.dtype]
 
 
-def load_source(src: Source, seed: int = 0) -> tuple[Checkpoint, tempfile.TemporaryDirectory | None]:
+def load_source(src: Source, seed: int = 0, shard: Shard | None = None
+                ) -> tuple[Checkpoint, tempfile.TemporaryDirectory | None]:
     """The checkpoint of `src` and, for synthetic models with PLE, the temporary directory holding their tables
-    (keep it alive as long as the checkpoint is used)."""
+    (keep it alive as long as the checkpoint is used). `shard`: a checkpoint directory is read for that
+    tensor-parallel rank only (the other sources come whole: `runtime/tp.py` cuts them)."""
     if isinstance(src, Checkpoint):
         return src, None
     if isinstance(src, str) and src in PRESETS:
@@ -87,7 +91,7 @@ def load_source(src: Source, seed: int = 0) -> tuple[Checkpoint, tempfile.Tempor
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{src!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a checkpoint "
                                 "directory with a config.json")
-    return load_checkpoint(path), None
+    return load_checkpoint(path, shard), None
 
 
 def synthetic(cfg: GdnConfig, seed: int) -> tuple[Checkpoint, tempfile.TemporaryDirectory | None]:
@@ -124,6 +128,8 @@ class SessionOptions:
             decode capture (graph segments around them: the layout before the step context, kept to compare).
         memory_budget: bytes the memory budget must fit; None = the device's free memory.
         seed: seed of the synthetic weights when the model is a preset or a config.
+        tp: open this process's tensor-parallel rank of the model (`runtime/tp.py`): size and rank are those of
+            the spec's process group; `host_reduce` leaves the all-reduce of `step.layer` / `step.mixer` to the host.
     """
 
     limits: RuntimeLimits = field(default_factory=RuntimeLimits)
@@ -132,6 +138,7 @@ class SessionOptions:
     ple_hoisted: bool = True
     memory_budget: int | None = None
     seed: int = 0
+    tp: TpSpec | None = None
 
 
 @dataclass
@@ -152,6 +159,7 @@ class _Parts:
     device: torch.device
     dtype: torch.dtype
     weights: str | None = None  # weights_digest of the checkpoint: snapshots record it
+    tp: RankTp | None = None  # a tensor-parallel rank's session
 
 
 class Session:
@@ -169,17 +177,21 @@ class Session:
         dev = resolve_device(device)
         if device is None:
             log.info("device not given: %s", dev)
-        ckpt, tmp = load_source(checkpoint_or_preset, options.seed)
+        shard = shard_of(options.tp)
+        ckpt, tmp = load_rank(load_source, checkpoint_or_preset, options.seed, shard)
         cfg = ckpt.config
+        tp = RankTp.of(full_config(cfg), shard, options.tp)
         dtype = options.dtype or act_dtype(cfg, dev)
         act, match = dtype_name(dtype), PlanMatch(options.limits.lora, ckpt.merged_adapter)
         need = budget(cfg, options.limits, act, options.graphs and dev.type == "cuda",
                       trt_context_budget(backend, engines_dir, dev, cfg, act, match))
         need.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
-        layers = [GdnLayer(cfg, lw, dtype).to(dev) for lw in ckpt.layers]
+        layers = [GdnLayer(cfg, lw, dtype, tp and tp.layer_spec()).to(dev) for lw in ckpt.layers]
         engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs, match)
+        if tp is not None:
+            tp.mark(engines)
         feeds = PleFeeds(cfg, ckpt.ple_tables, options.limits, dev) if cfg.ple_layer_ids else None
-        sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype, weights_digest(ckpt)), options)
+        sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype, weights_digest(ckpt), tp), options)
         sess._tmp = tmp
         return sess
 
@@ -199,11 +211,12 @@ class Session:
         lora = self.limits.lora
         self.adapters = AdapterSlots(self.cfg, lora, spec) if lora is not None else None
         self.stack.lora = self.adapters
+        self.tp = self.stack.tp = parts.tp
         graphs = options.graphs and self.device.type == "cuda"
         policy = GraphPolicy(graphs, self.limits.buckets(), options.ple_hoisted)
         ple = self.feeds.layers if self.feeds else frozenset()
         self.selector = Selector(parts.engines, policy, ple)
-        self._stats = SessionStats()
+        self._stats = SessionStats(tp=None if parts.tp is None else parts.tp.describe())
         self.graphs = GraphCache(self.stack, self.selector, self._stats.graphs, self.feeds)
         self._seqs = SeqTable(self.limits.max_seqs, self.limits.max_draft, self.feeds is not None)
         self._steps = StepParts(self.cfg, self.limits, self.dtype, self.device, self._seqs, self.pool, self.stack,
@@ -211,7 +224,8 @@ class Session:
                                 PackBuffers(self.limits.max_seqs, self.limits.max_step_tokens, self.device))
         self._step: Step | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
-        log.info("session: %s, %d GDN layers, %s on %s, limits %s, graphs %s, PLE %s", self.cfg.name,
+        log.info("session: %s%s, %d GDN layers, %s on %s, limits %s, graphs %s, PLE %s", self.cfg.name,
+                 "" if parts.tp is None else f" rank {parts.tp.shard.rank} of tp={parts.tp.shard.size}",
                  len(self.cfg.gdn_layer_ids), dtype_name(self.dtype), self.device, self.limits,
                  "on" if graphs else "off", ("hoisted" if options.ple_hoisted else "vetoes decode capture")
                  if ple else "none")
@@ -222,8 +236,8 @@ class Session:
         Raises `AdapterError` (nothing registered) when it does not fit this model or the adapter slots."""
         slots = self._slots()
         if not isinstance(adapter, Adapter):
-            adapter = load_adapter(adapter, self.cfg, name)
-        slots.register(name, adapter)
+            adapter = load_adapter(adapter, self.cfg if self.tp is None else self.tp.whole, name)
+        slots.register(name, adapter if self.tp is None else self.tp.adapter(adapter))
 
     def unregister_adapter(self, name: str) -> None:
         """Forget an adapter; refused while a live sequence is bound to it."""

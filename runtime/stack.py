@@ -24,6 +24,7 @@ from .adapters import AdapterSlots
 from .budget import RuntimeLimits
 from .engine import Engine, LayerCall
 from .state import StatePool
+from .tp import RankTp
 
 RowsFn = Callable[[int], Tensor]  # layer index -> PLE rows [T, heads, d_h] of the step, staged on first call
 
@@ -80,6 +81,7 @@ class Stack:
         self.cfg, self.pool, self.buffers = cfg, pool, buffers
         self.layer_ids = cfg.gdn_layer_ids
         self.lora: AdapterSlots | None = None  # set by the session when it has adapter slots
+        self.tp: RankTp | None = None  # set by a tensor-parallel rank's session: it finishes each layer's reduction
         # the residual before the first layer of a decode step (<= pool slots rows; `budget.py` counts it): nothing
         # writes it, so a host's captured graph can read it in place
         self._zeros = None if cfg.is_hc else torch.zeros((pool.slots, cfg.hidden_size), dtype=pool.spec.act_dtype,
@@ -124,7 +126,12 @@ class Stack:
                 raise ValueError(f"{eng.name} runs layers {list(ids)} in one call but was chosen for {n} "
                                  "consecutive layers of the step")
             if len(ids) == 1:
-                out = self.call(mode, eng, inp, ctx)
+                out = eng.run(self._call(mode, eng.layer_idx, inp, ctx), ctx.stream)
+                if self.tp is not None:  # no host between the layers: the runtime does the last all-reduce
+                    out = self.tp.finish(out, self.cfg.is_hc)
+            elif self.tp is not None:
+                raise ValueError(f"{eng.name} runs layers {list(ids)} in one call: a tensor-parallel rank needs an "
+                                 "all-reduce after each layer, so it runs per-layer engines only")
             else:
                 out = eng.run_layers(tuple(self._call(mode, i, inp, ctx) for i in ids), ctx.stream)
             inp = Packed(out.x, out.residual, inp.pack, inp.lora_idx)
@@ -134,8 +141,17 @@ class Stack:
     def call(self, mode: LayerMode, eng: Engine, inp: Packed, ctx: "StepContext", part: str = "layer"
              ) -> StepOutput:
         """One engine's layer (or its mixer alone, `part="mixer"`: `inp.x` = the normed hidden [T, C]) on `inp`:
-        its pools, the stash or capture rows the mode writes, its PLE rows and LoRA slots."""
-        return eng.run(self._call(mode, eng.layer_idx, inp, ctx, part), ctx.stream)
+        its pools, the stash or capture rows the mode writes, its PLE rows and LoRA slots. A host's call: on a
+        tensor-parallel rank the output is all-reduced unless the host reduces (`partial`, `runtime/tp.py`)."""
+        out = eng.run(self._call(mode, eng.layer_idx, inp, ctx, part), ctx.stream)
+        if self.tp is not None and not self.partial:
+            out = self.tp.finish(out, self.cfg.is_hc)
+        return out
+
+    @property
+    def partial(self) -> bool:
+        """A host's layer calls return this rank's partial sums (a rank session opened with host_reduce=True)."""
+        return self.tp is not None and self.tp.spec.host_reduce
 
     def _call(self, mode: LayerMode, i: int, inp: Packed, ctx: "StepContext", part: str = "layer") -> LayerCall:
         rows = ctx.rows(i) if part == "layer" and self.cfg.has_ple(i) else None

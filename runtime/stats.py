@@ -79,11 +79,16 @@ class SessionStats:
     graphs: GraphStats = field(default_factory=GraphStats)
     ple: dict[int, PrestageCounters] = field(default_factory=dict)
     adapters: AdapterCounters | None = None  # LoRA slot traffic (sessions with adapter slots)
+    tp: dict | None = None  # a tensor-parallel rank's session: {size, rank, backend, reduce: "runtime" | "host"}
 
     def table(self) -> str:
         """A human-readable summary (one line per step kind, each CUDA-graph veto reason once with its count per
         kind, then speculation, snapshots, graphs, PLE)."""
         lines = [f"{'kind':<8} {'steps':>5} {'seqs':>5} {'tokens':>6}  modes / engines / paths"]
+        if self.tp is not None:
+            t = self.tp
+            lines.insert(0, f"tensor parallel: rank {t['rank']} of tp={t['size']} over {t['backend']}; step.layer / "
+                            f"step.mixer's last all-reduce by the {t['reduce']}")
         vetoes: dict[str, list[str]] = {}
         for kind, k in self.kinds.items():
             if not k.steps:

@@ -193,11 +193,11 @@ class Step:
         them its dense MLP, hyper-connections and PLE). Plain models: x = the hidden state [rows, C] -> the hidden
         state after the layer; or, given the running `residual`, x = the previous sublayer's output and the result
         is the pair (output, residual) (the add is fused into the norm). hc models: the streams [rows, n*C] in and
-        out."""
+        out. A tensor-parallel rank whose host reduces returns the pair (partial, residual) (`runtime/tp.py`)."""
         out = self._call(layer_idx, x, residual, "layer")
         if out.residual is None:
             return out.x
-        return (out.x, out.residual) if residual is not None else out.x + out.residual
+        return (out.x, out.residual) if residual is not None or self._p.stack.partial else out.x + out.residual
 
     def run(self, x: Tensor) -> Tensor:
         """Every GDN layer in turn on x [tokens, stream_dim] (a stack of GDN layers only: nothing of the host's
