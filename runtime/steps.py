@@ -58,11 +58,12 @@ class _Bound:
     lora_pad: Tensor | None
     ple: dict[int, Tensor]  # layer -> rows [rows, heads, d_h] (padded)
     capture_at: Tensor | None
+    stash_at: int = 0  # a verify group's first stash row (its window: SeqTable.stash_window)
 
     def __post_init__(self) -> None:
         n = self.part.tokens
         ple_n = {i: r[:n] for i, r in self.ple.items()}
-        self.ctx = StepContext(ple_n.__getitem__, self.capture_at, None)
+        self.ctx = StepContext(ple_n.__getitem__, self.capture_at, None, self.stash_at)
         self.ctx_pad = StepContext(self.ple.__getitem__, None, None)
 
     def inputs(self, x: Tensor, residual: Tensor | None) -> tuple[Packed, StepContext]:
@@ -107,12 +108,22 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
         if p.kind is StepKind.PREFILL:
             cap_at += n
     pk.send(extent)
+    window = _stash_window(parts, spec)
     binds, carries = [], []
     for lay in layout:
-        b, c = _bind(parts, spec, lora_tok is not None, *lay, stream)
+        b, c = _bind(parts, spec, lora_tok is not None, window, *lay, stream)
         binds.append(b)
         carries.append(c)
     return Step(parts, spec, binds, carries)
+
+
+def _stash_window(parts: StepParts, spec: StepSpec) -> int:
+    """The first stash row of the step's verify tokens (0 without any): rows no pending verify holds."""
+    tokens = sum(p.tokens for p in spec.parts if p.kind is StepKind.VERIFY)
+    if not tokens:
+        return 0
+    buffers = parts.stack.buffers
+    return parts.seqs.stash_window(tokens, parts.limits.max_verify_tokens, buffers.move)
 
 
 def _lora_per_token(parts: StepParts, spec: StepSpec, stream) -> np.ndarray:
@@ -129,8 +140,8 @@ def _lora_per_token(parts: StepParts, spec: StepSpec, stream) -> np.ndarray:
     return np.repeat(lut[codes], spec.lengths)
 
 
-def _bind(parts: StepParts, spec: StepSpec, lora: bool, p: Part, pad: int, seq_at: int, tok_at: int, cu_at: int,
-          cap_at: int, stream) -> tuple[_Bound, dict[int, np.ndarray]]:
+def _bind(parts: StepParts, spec: StepSpec, lora: bool, window: int, p: Part, pad: int, seq_at: int, tok_at: int,
+          cu_at: int, cap_at: int, stream) -> tuple[_Bound, dict[int, np.ndarray]]:
     """A group's device views (memoized by layout: the same views every step of the same shape) and its staged PLE
     rows; returns the bound group and the PLE carries after the step (none for a verify)."""
     pk, n, T = parts.pack, p.n, p.tokens
@@ -140,11 +151,14 @@ def _bind(parts: StepParts, spec: StepSpec, lora: bool, p: Part, pad: int, seq_a
         ple, new = parts.feeds.stage(spec.slots[p.s0:p.s1], spec.ids[p.t0:p.t1], local_cu, tok_at, pad, stream)
         if p.kind is StepKind.VERIFY:
             new = {}
-    key = (id(p), pad, seq_at, tok_at, cu_at, cap_at, lora)  # the memo keeps p alive: its id stays its own
+    at = 0
+    if p.kind is StepKind.VERIFY:  # the verify groups' tokens lie side by side in the window, in the step's order
+        at = window + p.t0 - next(q.t0 for q in spec.parts if q.kind is StepKind.VERIFY)
+    key = (id(p), pad, seq_at, tok_at, cu_at, cap_at, lora, at)  # the memo keeps p alive: its id stays its own
     b = pk.memo.get(key)
     if b is None or b.part is not p:
         pack, pack_pad, lora_n, lora_pad, cap = _views(pk, p.kind, n, T, pad, seq_at, tok_at, cu_at, cap_at, lora)
-        b = pk.remember(key, _Bound(p, T + pad, pack, pack_pad, lora_n, lora_pad, ple, cap))
+        b = pk.remember(key, _Bound(p, T + pad, pack, pack_pad, lora_n, lora_pad, ple, cap, at))
     return b, new
 
 
@@ -218,7 +232,7 @@ class Step:
         of the same decode bucket, whose calls ran under stream capture): every layer counts as called."""
         self._turn(self._layers[0] if self._layers else -1)
         b = self._binds[0]
-        key = (b.part.group.mode, b.rows)
+        key = (b.part.group.mode, b.rows, b.stash_at)
         if len(self._binds) != 1 or key not in self._p.graphs.host_captures:
             raise StepError(f"replayed(): no step of {b.part.group.mode.value} with {b.rows} rows had its layer calls "
                             "captured in a CUDA graph; capture one first (call the layers under torch.cuda.graph)")
@@ -234,10 +248,11 @@ class Step:
             raise StepError(f"step closed before GDN layers {missing} were called (call them, or abort())")
         if self._captured:
             b = self._binds[0]
-            key = (b.part.group.mode, b.rows)
+            key = (b.part.group.mode, b.rows, b.stash_at)  # a captured verify wrote its stash window: the same one
             if key not in self._p.graphs.host_captures:
                 self._p.graphs.host_captures.add(key)
-                self._p.stats.graphs.host_captures.append(f"{key[0].value} rows {key[1]}")
+                at = f" stash row {b.stash_at}" if b.stash_at else ""
+                self._p.stats.graphs.host_captures.append(f"{key[0].value} rows {key[1]}{at}")
         self._commit()
         self.closed = True
         return StepResult({}, self.captures)
@@ -363,7 +378,7 @@ class Step:
             part = b.part
             slots, L = spec.slots[part.s0:part.s1], spec.lengths[part.s0:part.s1]
             if part.kind is StepKind.VERIFY:
-                self._pending(part, slots, L)
+                self._pending(b, slots, L)
             else:
                 written.append(slots)
                 if part.kind is StepKind.PREFILL and spec.capture_at is not None:
@@ -375,16 +390,17 @@ class Step:
         if written:
             p.pool.mark_written(np.concatenate(written) if len(written) > 1 else written[0], fence)
 
-    def _pending(self, part: Part, slots: np.ndarray, L: np.ndarray) -> None:
-        table, spec = self._p.seqs, self._spec
+    def _pending(self, b: _Bound, slots: np.ndarray, L: np.ndarray) -> None:
+        table, spec, part = self._p.seqs, self._spec, b.part
         table.epoch += 1
         table.pend_epoch[slots] = table.epoch
         table.block(slots)
-        table.pend_row[slots] = spec.cu[part.s0:part.s1] - spec.cu[part.s0]
+        first = spec.cu[part.s0:part.s1] - spec.cu[part.s0]
+        table.pend_row[slots] = b.stash_at + first
         table.pend_count[slots] = L
         if table.pend_ids is not None and part.tokens:
             rows = np.repeat(slots, L)
-            cols = np.arange(part.tokens) - np.repeat(table.pend_row[slots], L)
+            cols = np.arange(part.tokens) - np.repeat(first, L)
             table.pend_ids[rows, cols] = spec.ids[part.t0:part.t1]
         self._p.stats.drafted += part.tokens
 
