@@ -32,6 +32,7 @@ from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.modes import StepKind
 from gdn_trt.plugins.packing import Packing
 
+from .guard import guarded
 from .pack import PackBuffers
 from .parts import StepParts
 from .request import Part, StepSpec
@@ -195,13 +196,17 @@ class Step:
         self._captured = False  # layer calls recorded by a CUDA-graph capture
         self.closed = False
         self.captures: dict[int, bytes] = {}
+        self._guard = parts.guard
+        self._guard.enter("begin_step")  # an open step holds the session for its thread until it closes or aborts
 
     # ---- the layers ----
+    @guarded
     def mixer(self, layer_idx: int, h: Tensor) -> Tensor:
         """GDN layer `layer_idx`'s token mixer (Hugging Face's `linear_attn`): h = the normed hidden [rows, C] of
         the step's tokens in the step's order -> the mixer output [rows, C]. rows = `tokens` (or `bucket`)."""
         return self._call(layer_idx, h, None, "mixer")
 
+    @guarded
     def layer(self, layer_idx: int, x: Tensor, residual: Tensor | None = None):
         """GDN layer `layer_idx` as the checkpoint's decoder layer (its input norm, mixer, and where the layer has
         them its dense MLP, hyper-connections and PLE). Plain models: x = the hidden state [rows, C] -> the hidden
@@ -213,6 +218,7 @@ class Step:
             return out.x
         return (out.x, out.residual) if residual is not None else out.x + out.residual
 
+    @guarded
     def run(self, x: Tensor) -> Tensor:
         """Every GDN layer in turn on x [tokens, stream_dim] (a stack of GDN layers only: nothing of the host's
         runs between them) -> the hidden state after the last layer (plain: its residual added; hc: the streams).
@@ -227,6 +233,7 @@ class Step:
         self._next = len(self._layers)
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
+    @guarded
     def replayed(self) -> None:
         """Declare that the host replayed a CUDA graph that captured this kind of step's layer calls (an earlier step
         of the same decode bucket, whose calls ran under stream capture): every layer counts as called."""
@@ -240,6 +247,7 @@ class Step:
         self._next = len(self._layers)
 
     # ---- closing ----
+    @guarded
     def close(self) -> StepResult:
         """Commit the step (see the module docstring); refused, changing nothing, while a layer was not called."""
         self._open()
@@ -255,13 +263,16 @@ class Step:
                 self._p.stats.graphs.host_captures.append(f"{key[0].value} rows {key[1]}{at}")
         self._commit()
         self.closed = True
+        self._guard.exit()
         return StepResult({}, self.captures)
 
+    @guarded
     def abort(self, reason: str = "aborted by the host") -> None:
         """Give the step up. Before any layer ran nothing changes; after, its sequences are marked failed."""
         if self.closed:
             return
         self.closed = True
+        self._guard.exit()
         if self._ran:
             table = self._p.seqs
             table.failed[self._spec.slots] = True
