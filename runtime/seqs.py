@@ -164,6 +164,14 @@ class SeqTable:
                 return slot
         raise SequenceError(f"sequence {seq!r} {self._why(seq)}")
 
+    def intact(self, seq: int) -> int:
+        """The slot of `seq`, refused (naming the reason) when a step failed on it: its state may be half-written."""
+        slot = self.slot(seq)
+        if self.failed[slot]:
+            raise SequenceError(f"sequence {seq} failed in an earlier step ({self.fail_reason[slot]}): its state may "
+                                "be half-written, so only release is open to it")
+        return slot
+
     def slots(self, seqs: np.ndarray) -> np.ndarray:
         """Slots of the ids `seqs [N] int64`, all live and distinct (vectorized); else `SequenceError` or
         `ValueError` naming the first bad sequence."""
@@ -201,8 +209,8 @@ class SeqTable:
             k = int(np.flatnonzero(self.blocked[slot])[0])
             q, s = int(seqs[k]), int(slot[k])
             if self.failed[s]:
-                raise SequenceError(f"sequence {q} failed in an earlier step ({self.fail_reason[s]}): only release, "
-                                    "snapshot and restore are open to it")
+                raise SequenceError(f"sequence {q} failed in an earlier step ({self.fail_reason[s]}): its state may "
+                                    "be half-written, so only release is open to it")
             raise SequenceError(f"sequence {q} has an unaccepted verify: call accept first (accept({{{q}: 0}}) "
                                 "rejects every draft)")
         n = seqs.size

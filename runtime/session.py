@@ -345,9 +345,10 @@ class Session:
     # ---- snapshots ----
     @guarded
     def snapshot(self, seq: int) -> bytes:
-        """All of the sequence's committed state at its current token position (after its last step completed)."""
+        """All of the sequence's committed state at its current token position (after its last step completed);
+        refused for a sequence a step failed on (`SequenceError` with the reason)."""
         self._idle()
-        slot = self._seqs.slot(seq)
+        slot = self._seqs.intact(seq)  # a failed sequence's state may be half-written: no snapshot of it
         blob = self.pool.encode(self.pool.read_slot(slot, int(self._seqs.position[slot])))
         self._stats.snapshots += 1
         return blob

@@ -15,9 +15,13 @@ CUDA-graph bucket B takes either its n rows or B rows (the host's graph pads to 
 (slot -1: no state is read or written for them, their outputs are zero or garbage the host ignores).
 
 Failure: a call that is refused (out of order, a layer twice, bad shape) raises and changes nothing. A step left
-with a layer error or abandoned after some layer wrote its pools cannot be undone here: `abort` marks its sequences
-failed (the table refuses them every call but release, snapshot and restore, with the reason); one abandoned before
-any layer ran changes nothing.
+with a layer error (an engine fault, an out-of-memory, an enqueue failure) or abandoned once a layer call was made
+cannot be undone here: `abort` marks its sequences failed, with the reason (every call on them but release is
+refused, a snapshot too: their state may be half-written); sequences outside the step, and the stash rows of other
+pending verifies, are untouched. One abandoned before any layer call changes nothing. (Keeping each step's state
+from before it would copy the step's slots every step: at qwen3-next-80b-a3b a slot is 73.7 MiB over 36 layers, so
+a 64-sequence decode step, which reads and writes 4.6 GiB of state, would move 9.2 GiB more and hold 4.6 GiB more:
+twice the state traffic of the memory-bound decode, for a rare fault. Not done.)
 """
 
 from __future__ import annotations
