@@ -2,7 +2,8 @@
 prefix snapshots) over a stack of GDN layers. `from gdn_trt.runtime import Session, SessionOptions, RuntimeLimits`."""
 
 _EXPORTS = {"Session": "session", "SessionOptions": "session", "Prompt": "seqs", "PrefillResult": "session",
-            "SequenceError": "seqs", "RuntimeLimits": "budget", "BudgetError": "budget", "SnapshotError": "state"}
+            "SequenceError": "seqs", "RuntimeLimits": "budget", "BudgetError": "budget", "SnapshotError": "state",
+            "ConcurrentUseError": "guard"}
 
 
 def __getattr__(name: str):
