@@ -20,6 +20,7 @@ import torch
 
 from gdn_trt.runtime import Prompt, RuntimeLimits
 from gdn_trt.runtime.seqs import SequenceError
+from gdn_trt.runtime.session import Session, SessionOptions
 
 from .adversarial_support import Tally
 from .fault_support import InjectedFault, install
@@ -269,6 +270,11 @@ def test_random_steps_with_random_faults(name, scale, one_thread):
 
 
 # ---- on the GPU: a fault at the capture of a decode bucket's CUDA graph ----
+def open_session_cuda(name, limits, graphs=True):
+    return Session.open(name, backend="torch", device="cuda",
+                        options=SessionOptions(limits=limits, graphs=graphs, dtype=torch.float32))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [PLAIN, HC_PLE])
 def test_a_fault_at_graph_capture_falls_back_to_eager_and_a_fault_in_eager_fails_the_step(name):
@@ -300,9 +306,3 @@ def test_a_fault_at_graph_capture_falls_back_to_eager_and_a_fault_in_eager_fails
         assert _failed_everywhere(s, q, "InjectedFault", h) is None
         s.release(q)
     assert s.pool.free_slots == lim.max_seqs
-
-
-def open_session_cuda(name, limits, graphs=True):
-    from gdn_trt.runtime.session import Session, SessionOptions
-    return Session.open(name, backend="torch", device="cuda",
-                        options=SessionOptions(limits=limits, graphs=graphs, dtype=torch.float32))
