@@ -111,14 +111,12 @@ def accept(parts: StepParts, seqs: np.ndarray, counts: object, stream) -> None:
     if counts.shape != seqs.shape:
         raise ValueError(f"accepted counts must be [N={seqs.size}], got shape {counts.shape}")
     slots = table.slots(seqs)
-    epoch = table.pend_epoch[slots]
-    bad = epoch < 0
+    bad = table.failed[slots]
+    if bad.any():
+        table.intact(int(seqs[np.flatnonzero(bad)[0]]))  # names the failure
+    bad = table.pend_epoch[slots] < 0
     if bad.any():
         raise SequenceError(f"sequence {int(seqs[np.flatnonzero(bad)[0]])} has no verify to accept")
-    bad = epoch != table.epoch
-    if bad.any():
-        raise SequenceError(f"sequence {int(seqs[np.flatnonzero(bad)[0]])}: a later verify step overwrote its "
-                            "stash; verify again")
     n = table.pend_count[slots]
     bad = (counts < 0) | (counts > n)
     if bad.any():

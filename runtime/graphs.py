@@ -11,7 +11,7 @@ layers: a segment whose layers have no capture veto is captured once (after a wa
 neither warm-up nor capture writes state; the step's slots are put back afterwards) and replayed; a vetoed segment
 runs eagerly on the same padded buffers.
 
-`host_captures` records the (mode, rows) of steps whose layer calls a host captured in its own CUDA graph
+`host_captures` records the (mode, rows, stash row) of steps whose layer calls a host captured in its own CUDA graph
 (`steps.Step.replayed`).
 
 Acceptance gate: the first step of an entry is run both ways on the same inputs, the replay first, then the pool
@@ -69,7 +69,7 @@ class GraphCache:
         self.stack, self.selector, self.stats, self.feeds = stack, selector, stats, feeds
         self._entries: dict[tuple, _Entry] = {}
         self._by_group: dict[int, tuple[Group, tuple]] = {}
-        self.host_captures: set[tuple[LayerMode, int]] = set()
+        self.host_captures: set[tuple[LayerMode, int, int]] = set()
 
     def run(self, g: Group, inp: Packed, ctx: StepContext) -> Tensor | None:
         """Run decode group `g` (bucket set, at least one layer captured) on `inp.x [n, stream_dim]` with the step's

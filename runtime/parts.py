@@ -3,7 +3,7 @@ modules take one parameter for them)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -12,6 +12,7 @@ from gdn_trt.model.config import GdnConfig
 from .adapters import AdapterSlots
 from .budget import RuntimeLimits
 from .graphs import GraphCache
+from .guard import Guard
 from .pack import PackBuffers
 from .ple.feeds import PleFeeds
 from .select import Selector
@@ -24,8 +25,8 @@ from .stats import SessionStats
 @dataclass(frozen=True)
 class StepParts:
     """What a step reads and writes, given once by the session: its shapes and limits, the sequence table, the layer
-    stack over the state pool, the engine selector, the CUDA-graph cache, PLE feeds, adapter slots, stats and the
-    step's index buffer."""
+    stack over the state pool, the engine selector, the CUDA-graph cache, PLE feeds, adapter slots, stats, the
+    step's index buffer and the thread guard."""
 
     cfg: GdnConfig
     limits: RuntimeLimits
@@ -40,6 +41,7 @@ class StepParts:
     adapters: AdapterSlots | None
     stats: SessionStats
     pack: PackBuffers
+    guard: Guard = field(default_factory=Guard)  # one thread at a time in the session and its steps (guard.py)
 
     def stream(self) -> torch.cuda.Stream | None:
         return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None

@@ -11,14 +11,21 @@ released: the table tells released from unknown ids without remembering any id (
 Per slot: the generation, live, the committed token position, the LoRA adapter code (-1 = none; codes name the
 registered adapters), the pending (unaccepted) verify (`pend_epoch` >= 0: its epoch, first stash row, draft count
 and the drafts' token ids on PLE models), and `failed` (a step that raised after its layers had started writing:
-the slot's state may be half-written, so every call but release, snapshot and restore is refused with the reason).
-The verify epoch counts verify steps: each overwrites the stash, so only a pending verify of the current epoch can
-be accepted.
+the slot's state may be half-written, so every call but release is refused with the reason; `restore` makes a new
+sequence). The verify epoch counts verify steps (the order of the pending verifies).
+
+Each pending verify keeps its own stash rows until it is accepted or released: a verify step writes its tokens'
+states to a window of the stash that no pending verify holds (`stash_window`). The stash has max_seqs x max_draft
+rows and only sequences without a pending verify can verify, so the pending rows and a new step's rows always fit
+together; when the free rows are scattered so that no gap fits the step, the pending rows are first moved to the
+start of the stash (a device copy of those rows only, in chunks that do not overlap). So verify A, verify B in a
+later step, then accept A works, and no extra memory is held for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from torch import Tensor
@@ -157,6 +164,14 @@ class SeqTable:
                 return slot
         raise SequenceError(f"sequence {seq!r} {self._why(seq)}")
 
+    def intact(self, seq: int) -> int:
+        """The slot of `seq`, refused (naming the reason) when a step failed on it: its state may be half-written."""
+        slot = self.slot(seq)
+        if self.failed[slot]:
+            raise SequenceError(f"sequence {seq} failed in an earlier step ({self.fail_reason[slot]}): its state may "
+                                "be half-written, so only release is open to it")
+        return slot
+
     def slots(self, seqs: np.ndarray) -> np.ndarray:
         """Slots of the ids `seqs [N] int64`, all live and distinct (vectorized); else `SequenceError` or
         `ValueError` naming the first bad sequence."""
@@ -194,8 +209,8 @@ class SeqTable:
             k = int(np.flatnonzero(self.blocked[slot])[0])
             q, s = int(seqs[k]), int(slot[k])
             if self.failed[s]:
-                raise SequenceError(f"sequence {q} failed in an earlier step ({self.fail_reason[s]}): only release, "
-                                    "snapshot and restore are open to it")
+                raise SequenceError(f"sequence {q} failed in an earlier step ({self.fail_reason[s]}): its state may "
+                                    "be half-written, so only release is open to it")
             raise SequenceError(f"sequence {q} has an unaccepted verify: call accept first (accept({{{q}: 0}}) "
                                 "rejects every draft)")
         n = seqs.size
@@ -208,6 +223,33 @@ class SeqTable:
             if dup.any():
                 raise ValueError(f"sequence {int(seqs[np.flatnonzero(dup)[0]])} appears twice in one step")
         return slot
+
+    def stash_window(self, tokens: int, capacity: int, move: Callable[[int, int, int], None]) -> int:
+        """The first stash row of a verify of `tokens` rows: the lowest gap between the pending verifies' rows that
+        fits, after packing the pending rows to the start (`move(src, dst, n)`: rows [src, src+n) to dst < src, on
+        the device) when none does. `capacity`: the stash rows (max_seqs x max_draft)."""
+        held = np.flatnonzero((self.pend_epoch >= 0) & (self.pend_count > 0))
+        if not held.size:
+            return 0
+        held = held[np.argsort(self.pend_row[held])]
+        at = 0
+        for s in held.tolist():
+            r = int(self.pend_row[s])
+            if r - at >= tokens:
+                return at
+            at = r + int(self.pend_count[s])
+        if capacity - at >= tokens:
+            return at
+        at = 0
+        for s in held.tolist():
+            r, n = int(self.pend_row[s]), int(self.pend_count[s])
+            if r != at:
+                move(r, at, n)
+                self.pend_row[s] = at
+            at += n
+        if capacity - at < tokens:  # cannot happen: pending and stepping sequences are distinct, each <= max_draft
+            raise RuntimeError(f"stash of {capacity} rows: {at} pending and {tokens} new rows do not fit")
+        return at
 
     def arange(self, n: int) -> np.ndarray:
         """0..n-1 (a shared read-only array)."""

@@ -51,6 +51,7 @@ from .backends import build_engines, trt_context_budget
 from .budget import RuntimeLimits, available_memory, budget
 from .engine import Engine
 from .graphs import GraphCache
+from .guard import guarded
 from .plans import PlanMatch
 from .ple.feeds import PleFeeds
 from .select import GraphPolicy, Selector
@@ -222,6 +223,7 @@ class Session:
         self._steps = StepParts(self.cfg, self.limits, self.dtype, self.device, self._seqs, self.pool, self.stack,
                                 self.selector, self.graphs, self.feeds, self.adapters, self._stats,
                                 PackBuffers(self.limits.max_seqs, self.limits.max_step_tokens, self.device))
+        self._guard = self._steps.guard
         self._step: Step | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         log.info("session: %s%s, %d GDN layers, %s on %s, limits %s, graphs %s, PLE %s", self.cfg.name,
@@ -231,6 +233,7 @@ class Session:
                  if ple else "none")
 
     # ---- adapters ----
+    @guarded
     def register_adapter(self, name: str, adapter: Adapter | str | Path) -> None:
         """Keep a LoRA adapter (a PEFT directory or a loaded `Adapter`) on the host under `name`, ready to bind.
         Raises `AdapterError` (nothing registered) when it does not fit this model or the adapter slots."""
@@ -239,12 +242,14 @@ class Session:
             adapter = load_adapter(adapter, self.cfg if self.tp is None else self.tp.whole, name)
         slots.register(name, adapter if self.tp is None else self.tp.adapter(adapter))
 
+    @guarded
     def unregister_adapter(self, name: str) -> None:
         """Forget an adapter; refused while a live sequence is bound to it."""
         self._idle()
         self._slots().unregister(name, self._seqs.adapters())
         self._seqs.forget(name)
 
+    @guarded
     def adapter_of(self, seq: int) -> str | None:
         return self._seqs[seq].adapter
 
@@ -258,6 +263,7 @@ class Session:
             self._slots().check_step({adapter})
 
     # ---- sequences ----
+    @guarded
     def add_sequence(self, adapter: str | None = None) -> int:
         """A new sequence at position 0, with a zeroed slot in every layer (and fresh PLE id carries); `adapter`:
         a registered LoRA adapter every step of the sequence applies (None = the base weights)."""
@@ -265,19 +271,23 @@ class Session:
         self._check_adapter(adapter)
         return self._seqs.add(self.pool.allocate(), adapter)
 
+    @guarded
     def release(self, seq: int) -> None:
         self._idle()
         self.pool.free(self._seqs.remove(seq))
 
+    @guarded
     def position(self, seq: int) -> int:
         """Tokens committed to the sequence's state."""
         return int(self._seqs.position[self._seqs.slot(seq)])
 
     @property
+    @guarded
     def sequences(self) -> list[int]:
         return self._seqs.ids()
 
     # ---- steps ----
+    @guarded
     def begin_step(self, seqs: object, kind: object = "decode", lengths: object = None, token_ids: object = None,
                    capture_at: object = None) -> Step:
         """Open a step of the sequences `seqs [N]` (ids; numpy, a list or a CPU tensor) in the step's order.
@@ -295,24 +305,29 @@ class Session:
         self._step = open_step(self._steps, spec)
         return self._step
 
+    @guarded
     def prefill(self, seq: int, hidden: Tensor, token_ids: object = None, capture_at: int | None = None
                 ) -> PrefillResult:
         out = self.step(prefill={seq: Prompt(hidden, token_ids, capture_at)})
         return PrefillResult(out.outputs[seq], out.captures.get(seq))
 
+    @guarded
     def prefill_batch(self, prompts: dict[int, Prompt]) -> dict[int, PrefillResult]:
         """Several sequences prefilled together (one PREFILL_VARLEN step)."""
         out = self.step(prefill=prompts)
         return {s: PrefillResult(out.outputs[s], out.captures.get(s)) for s in prompts}
 
+    @guarded
     def decode(self, hidden: dict[int, Tensor], token_ids: dict[int, object] | None = None) -> dict[int, Tensor]:
         """One token for each sequence: hidden `{seq: [1, stream_dim]}` -> `{seq: [1, C or n*C]}`."""
         return self.step(decode=hidden, token_ids=token_ids).outputs
 
+    @guarded
     def verify(self, hidden: dict[int, Tensor], token_ids: dict[int, object] | None = None) -> dict[int, Tensor]:
         """0..max_draft draft tokens per sequence; the state after each goes to the stash, nothing is committed."""
         return self.step(verify=hidden, token_ids=token_ids).outputs
 
+    @guarded
     def step(self, decode: dict[int, Tensor] | None = None, verify: dict[int, Tensor] | None = None,
              prefill: dict[int, Prompt] | None = None, token_ids: dict[int, object] | None = None) -> StepResult:
         """A mixed step of a GDN-only stack, inputs and outputs by sequence (each sequence in one kind): one
@@ -320,6 +335,7 @@ class Session:
         self._idle()
         return dict_step(self._steps, self.begin_step, decode, verify, prefill, token_ids)
 
+    @guarded
     def accept(self, counts: dict[int, int]) -> None:
         """Commit `j` of each verified sequence's draft tokens: the state after draft token j-1 is folded from the
         stash into the pools on the device (j = 0 keeps the state). Clears the pending verify."""
@@ -335,20 +351,24 @@ class Session:
             self._seqs.slot(seq)  # named errors for ids that are not sequences at all
         self.accept_batch(np.asarray(seqs, dtype=np.int64), np.asarray(js, dtype=np.int64))
 
+    @guarded
     def accept_batch(self, seqs: object, counts: object) -> None:
         """`accept` for arrays: seqs [N] ids, counts [N] accepted draft tokens (checked as a whole first)."""
         self._idle()
         accept(self._steps, as_seq_ids(seqs), counts, self._stream())
 
     # ---- snapshots ----
+    @guarded
     def snapshot(self, seq: int) -> bytes:
-        """All of the sequence's committed state at its current token position (after its last step completed)."""
+        """All of the sequence's committed state at its current token position (after its last step completed);
+        refused for a sequence a step failed on (`SequenceError` with the reason)."""
         self._idle()
-        slot = self._seqs.slot(seq)
+        slot = self._seqs.intact(seq)  # a failed sequence's state may be half-written: no snapshot of it
         blob = self.pool.encode(self.pool.read_slot(slot, int(self._seqs.position[slot])))
         self._stats.snapshots += 1
         return blob
 
+    @guarded
     def restore(self, blob: bytes, adapter: str | None = None) -> int:
         """A new sequence holding a snapshot's state and position; a corrupt, forged or foreign blob (another
         config, other weights, a header or values the pool's schema refuses) raises `SnapshotError` before a slot
@@ -370,6 +390,7 @@ class Session:
         self._stats.restored_tokens += state.position
         return seq
 
+    @guarded
     def stats(self) -> SessionStats:
         if self.feeds is not None:
             self._stats.ple = self.feeds.counters()

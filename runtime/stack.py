@@ -42,9 +42,20 @@ class StepBuffers:
         return StepBuffers({i: StateStash.allocate(cfg, i, limits.max_verify_tokens, spec) for i in ids},
                            {i: LayerState.allocate(cfg, i, limits.max_seqs, spec) for i in ids})
 
-    def stash_view(self, layer_idx: int, tokens: int) -> StateStash:
-        s = self.stash[layer_idx]
-        return StateStash(s.conv[:tokens], s.ssm[:tokens], None if s.ple_conv is None else s.ple_conv[:tokens])
+    def stash_view(self, layer_idx: int, tokens: int, at: int = 0) -> StateStash:
+        """Stash rows [at, at + tokens) of a layer (a verify step's window: `SeqTable.stash_window`)."""
+        s, e = self.stash[layer_idx], at + tokens
+        return StateStash(s.conv[at:e], s.ssm[at:e], None if s.ple_conv is None else s.ple_conv[at:e])
+
+    def move(self, src: int, dst: int, n: int) -> None:
+        """Stash rows [src, src + n) to [dst, dst + n), dst < src, in every layer (chunks of src - dst rows: no
+        chunk overlaps the rows it reads)."""
+        step = src - dst
+        for s in self.stash.values():
+            for t in (s.conv, s.ssm, s.ple_conv):
+                for k in range(0, n, step) if t is not None else ():
+                    m = min(step, n - k)
+                    t[dst + k:dst + k + m].copy_(t[src + k:src + k + m])
 
     def capture_view(self, layer_idx: int, at: Tensor) -> StateCapture:
         c, n = self.capture[layer_idx], at.shape[0]
@@ -105,11 +116,11 @@ class Stack:
             idx = _upload(host, x.device)
         return Packed(x, residual, upload_packing(lengths, slots, x.device), idx)
 
-    def extra(self, mode: LayerMode, layer_idx: int, tokens: int, capture_at: Tensor | None
+    def extra(self, mode: LayerMode, layer_idx: int, tokens: int, capture_at: Tensor | None, stash_at: int = 0
               ) -> StateStash | StateCapture | None:
         writes = mode.spec.writes
         if writes is Writes.STASH:
-            return self.buffers.stash_view(layer_idx, tokens)
+            return self.buffers.stash_view(layer_idx, tokens, stash_at)
         if writes is Writes.POOLS_CAPTURE:
             return self.buffers.capture_view(layer_idx, capture_at)
         return None
@@ -155,7 +166,7 @@ class Stack:
 
     def _call(self, mode: LayerMode, i: int, inp: Packed, ctx: "StepContext", part: str = "layer") -> LayerCall:
         rows = ctx.rows(i) if part == "layer" and self.cfg.has_ple(i) else None
-        extra = self.extra(mode, i, inp.x.shape[0], ctx.capture_at)
+        extra = self.extra(mode, i, inp.x.shape[0], ctx.capture_at, ctx.stash_at)
         lora = None if inp.lora_idx is None else self.lora.layer_input(i, inp.lora_idx)
         step = StepInput(inp.x, inp.pack, inp.residual, rows, lora)
         return LayerCall(mode, step, self.pool.layers[i], extra, part)
@@ -178,8 +189,10 @@ def _upload(t: Tensor, device: torch.device) -> Tensor:
 
 @dataclass
 class StepContext:
-    """What a group's layers need besides activations: PLE rows by layer, capture points, the stream."""
+    """What a group's layers need besides activations: PLE rows by layer, capture points, the stream, the first
+    stash row of a verify group."""
 
     rows: RowsFn
     capture_at: Tensor | None
     stream: torch.cuda.Stream | None
+    stash_at: int = 0

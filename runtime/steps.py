@@ -15,9 +15,13 @@ CUDA-graph bucket B takes either its n rows or B rows (the host's graph pads to 
 (slot -1: no state is read or written for them, their outputs are zero or garbage the host ignores).
 
 Failure: a call that is refused (out of order, a layer twice, bad shape) raises and changes nothing. A step left
-with a layer error or abandoned after some layer wrote its pools cannot be undone here: `abort` marks its sequences
-failed (the table refuses them every call but release, snapshot and restore, with the reason); one abandoned before
-any layer ran changes nothing.
+with a layer error (an engine fault, an out-of-memory, an enqueue failure) or abandoned once a layer call was made
+cannot be undone here: `abort` marks its sequences failed, with the reason (every call on them but release is
+refused, a snapshot too: their state may be half-written); sequences outside the step, and the stash rows of other
+pending verifies, are untouched. One abandoned before any layer call changes nothing. (Keeping each step's state
+from before it would copy the step's slots every step: at qwen3-next-80b-a3b a slot is 73.7 MiB over 36 layers, so
+a 64-sequence decode step, which reads and writes 4.6 GiB of state, would move 9.2 GiB more and hold 4.6 GiB more:
+twice the state traffic of the memory-bound decode, for a rare fault. Not done.)
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.modes import StepKind
 from gdn_trt.plugins.packing import Packing
 
+from .guard import guarded
 from .pack import PackBuffers
 from .parts import StepParts
 from .request import Part, StepSpec
@@ -58,11 +63,12 @@ class _Bound:
     lora_pad: Tensor | None
     ple: dict[int, Tensor]  # layer -> rows [rows, heads, d_h] (padded)
     capture_at: Tensor | None
+    stash_at: int = 0  # a verify group's first stash row (its window: SeqTable.stash_window)
 
     def __post_init__(self) -> None:
         n = self.part.tokens
         ple_n = {i: r[:n] for i, r in self.ple.items()}
-        self.ctx = StepContext(ple_n.__getitem__, self.capture_at, None)
+        self.ctx = StepContext(ple_n.__getitem__, self.capture_at, None, self.stash_at)
         self.ctx_pad = StepContext(self.ple.__getitem__, None, None)
 
     def inputs(self, x: Tensor, residual: Tensor | None) -> tuple[Packed, StepContext]:
@@ -107,12 +113,22 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
         if p.kind is StepKind.PREFILL:
             cap_at += n
     pk.send(extent)
+    window = _stash_window(parts, spec)
     binds, carries = [], []
     for lay in layout:
-        b, c = _bind(parts, spec, lora_tok is not None, *lay, stream)
+        b, c = _bind(parts, spec, lora_tok is not None, window, *lay, stream)
         binds.append(b)
         carries.append(c)
     return Step(parts, spec, binds, carries)
+
+
+def _stash_window(parts: StepParts, spec: StepSpec) -> int:
+    """The first stash row of the step's verify tokens (0 without any): rows no pending verify holds."""
+    tokens = sum(p.tokens for p in spec.parts if p.kind is StepKind.VERIFY)
+    if not tokens:
+        return 0
+    buffers = parts.stack.buffers
+    return parts.seqs.stash_window(tokens, parts.limits.max_verify_tokens, buffers.move)
 
 
 def _lora_per_token(parts: StepParts, spec: StepSpec, stream) -> np.ndarray:
@@ -129,8 +145,8 @@ def _lora_per_token(parts: StepParts, spec: StepSpec, stream) -> np.ndarray:
     return np.repeat(lut[codes], spec.lengths)
 
 
-def _bind(parts: StepParts, spec: StepSpec, lora: bool, p: Part, pad: int, seq_at: int, tok_at: int, cu_at: int,
-          cap_at: int, stream) -> tuple[_Bound, dict[int, np.ndarray]]:
+def _bind(parts: StepParts, spec: StepSpec, lora: bool, window: int, p: Part, pad: int, seq_at: int, tok_at: int,
+          cu_at: int, cap_at: int, stream) -> tuple[_Bound, dict[int, np.ndarray]]:
     """A group's device views (memoized by layout: the same views every step of the same shape) and its staged PLE
     rows; returns the bound group and the PLE carries after the step (none for a verify)."""
     pk, n, T = parts.pack, p.n, p.tokens
@@ -140,11 +156,14 @@ def _bind(parts: StepParts, spec: StepSpec, lora: bool, p: Part, pad: int, seq_a
         ple, new = parts.feeds.stage(spec.slots[p.s0:p.s1], spec.ids[p.t0:p.t1], local_cu, tok_at, pad, stream)
         if p.kind is StepKind.VERIFY:
             new = {}
-    key = (id(p), pad, seq_at, tok_at, cu_at, cap_at, lora)  # the memo keeps p alive: its id stays its own
+    at = 0
+    if p.kind is StepKind.VERIFY:  # the verify groups' tokens lie side by side in the window, in the step's order
+        at = window + p.t0 - next(q.t0 for q in spec.parts if q.kind is StepKind.VERIFY)
+    key = (id(p), pad, seq_at, tok_at, cu_at, cap_at, lora, at)  # the memo keeps p alive: its id stays its own
     b = pk.memo.get(key)
     if b is None or b.part is not p:
         pack, pack_pad, lora_n, lora_pad, cap = _views(pk, p.kind, n, T, pad, seq_at, tok_at, cu_at, cap_at, lora)
-        b = pk.remember(key, _Bound(p, T + pad, pack, pack_pad, lora_n, lora_pad, ple, cap))
+        b = pk.remember(key, _Bound(p, T + pad, pack, pack_pad, lora_n, lora_pad, ple, cap, at))
     return b, new
 
 
@@ -181,13 +200,17 @@ class Step:
         self._captured = False  # layer calls recorded by a CUDA-graph capture
         self.closed = False
         self.captures: dict[int, bytes] = {}
+        self._guard = parts.guard
+        self._guard.enter("begin_step")  # an open step holds the session for its thread until it closes or aborts
 
     # ---- the layers ----
+    @guarded
     def mixer(self, layer_idx: int, h: Tensor) -> Tensor:
         """GDN layer `layer_idx`'s token mixer (Hugging Face's `linear_attn`): h = the normed hidden [rows, C] of
         the step's tokens in the step's order -> the mixer output [rows, C]. rows = `tokens` (or `bucket`)."""
         return self._call(layer_idx, h, None, "mixer")
 
+    @guarded
     def layer(self, layer_idx: int, x: Tensor, residual: Tensor | None = None):
         """GDN layer `layer_idx` as the checkpoint's decoder layer (its input norm, mixer, and where the layer has
         them its dense MLP, hyper-connections and PLE). Plain models: x = the hidden state [rows, C] -> the hidden
@@ -199,6 +222,7 @@ class Step:
             return out.x
         return (out.x, out.residual) if residual is not None or self._p.stack.partial else out.x + out.residual
 
+    @guarded
     def run(self, x: Tensor) -> Tensor:
         """Every GDN layer in turn on x [tokens, stream_dim] (a stack of GDN layers only: nothing of the host's
         runs between them) -> the hidden state after the last layer (plain: its residual added; hc: the streams).
@@ -213,12 +237,13 @@ class Step:
         self._next = len(self._layers)
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
+    @guarded
     def replayed(self) -> None:
         """Declare that the host replayed a CUDA graph that captured this kind of step's layer calls (an earlier step
         of the same decode bucket, whose calls ran under stream capture): every layer counts as called."""
         self._turn(self._layers[0] if self._layers else -1)
         b = self._binds[0]
-        key = (b.part.group.mode, b.rows)
+        key = (b.part.group.mode, b.rows, b.stash_at)
         if len(self._binds) != 1 or key not in self._p.graphs.host_captures:
             raise StepError(f"replayed(): no step of {b.part.group.mode.value} with {b.rows} rows had its layer calls "
                             "captured in a CUDA graph; capture one first (call the layers under torch.cuda.graph)")
@@ -226,6 +251,7 @@ class Step:
         self._next = len(self._layers)
 
     # ---- closing ----
+    @guarded
     def close(self) -> StepResult:
         """Commit the step (see the module docstring); refused, changing nothing, while a layer was not called."""
         self._open()
@@ -234,19 +260,23 @@ class Step:
             raise StepError(f"step closed before GDN layers {missing} were called (call them, or abort())")
         if self._captured:
             b = self._binds[0]
-            key = (b.part.group.mode, b.rows)
+            key = (b.part.group.mode, b.rows, b.stash_at)  # a captured verify wrote its stash window: the same one
             if key not in self._p.graphs.host_captures:
                 self._p.graphs.host_captures.add(key)
-                self._p.stats.graphs.host_captures.append(f"{key[0].value} rows {key[1]}")
+                at = f" stash row {b.stash_at}" if b.stash_at else ""
+                self._p.stats.graphs.host_captures.append(f"{key[0].value} rows {key[1]}{at}")
         self._commit()
         self.closed = True
+        self._guard.exit()
         return StepResult({}, self.captures)
 
+    @guarded
     def abort(self, reason: str = "aborted by the host") -> None:
         """Give the step up. Before any layer ran nothing changes; after, its sequences are marked failed."""
         if self.closed:
             return
         self.closed = True
+        self._guard.exit()
         if self._ran:
             table = self._p.seqs
             table.failed[self._spec.slots] = True
@@ -363,7 +393,7 @@ class Step:
             part = b.part
             slots, L = spec.slots[part.s0:part.s1], spec.lengths[part.s0:part.s1]
             if part.kind is StepKind.VERIFY:
-                self._pending(part, slots, L)
+                self._pending(b, slots, L)
             else:
                 written.append(slots)
                 if part.kind is StepKind.PREFILL and spec.capture_at is not None:
@@ -375,16 +405,17 @@ class Step:
         if written:
             p.pool.mark_written(np.concatenate(written) if len(written) > 1 else written[0], fence)
 
-    def _pending(self, part: Part, slots: np.ndarray, L: np.ndarray) -> None:
-        table, spec = self._p.seqs, self._spec
+    def _pending(self, b: _Bound, slots: np.ndarray, L: np.ndarray) -> None:
+        table, spec, part = self._p.seqs, self._spec, b.part
         table.epoch += 1
         table.pend_epoch[slots] = table.epoch
         table.block(slots)
-        table.pend_row[slots] = spec.cu[part.s0:part.s1] - spec.cu[part.s0]
+        first = spec.cu[part.s0:part.s1] - spec.cu[part.s0]
+        table.pend_row[slots] = b.stash_at + first
         table.pend_count[slots] = L
         if table.pend_ids is not None and part.tokens:
             rows = np.repeat(slots, L)
-            cols = np.arange(part.tokens) - np.repeat(table.pend_row[slots], L)
+            cols = np.arange(part.tokens) - np.repeat(first, L)
             table.pend_ids[rows, cols] = spec.ids[part.t0:part.t1]
         self._p.stats.drafted += part.tokens
 

@@ -9,6 +9,7 @@ from gdn_trt.model.devices import DeviceError
 from gdn_trt.model.errors import GdnTrtError
 from gdn_trt.model.peft import AdapterError
 from gdn_trt.runtime.budget import BudgetError
+from gdn_trt.runtime.guard import ConcurrentUseError
 from gdn_trt.runtime.plans import PlanMismatchError
 from gdn_trt.runtime.select import NoEngineError
 from gdn_trt.runtime.seqs import SequenceError
@@ -18,7 +19,8 @@ from gdn_trt.runtime.state import PoolFullError, SnapshotError
 @pytest.mark.parametrize("error, builtin", [
     (AdapterError, ValueError), (TrtUnavailable, RuntimeError), (PlanMismatchError, ValueError),
     (NoEngineError, ValueError), (BudgetError, RuntimeError), (SnapshotError, ValueError),
-    (PoolFullError, RuntimeError), (SequenceError, KeyError), (DeviceError, RuntimeError)], ids=lambda x: x.__name__)
+    (PoolFullError, RuntimeError), (SequenceError, KeyError), (DeviceError, RuntimeError),
+    (ConcurrentUseError, RuntimeError)], ids=lambda x: x.__name__)
 def test_domain_errors_share_one_base(error, builtin):
     for catch in (GdnTrtError, builtin):
         with pytest.raises(catch, match="the message"):

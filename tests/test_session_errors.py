@@ -128,17 +128,19 @@ def test_too_many_sequences_leaves_pool_unchanged():
     assert fingerprint(s) == before
 
 
-def test_accept_after_a_later_verify_overwrote_the_stash():
+def test_accept_after_a_later_verify_of_another_sequence():
+    """Each pending verify keeps its own stash rows: a later verify of b leaves a's acceptable (issue 16 item 2;
+    tests/test_verify_stash.py checks the states against a twin)."""
     s = open_session(PLAIN)
     h, _ = inputs(s, 8, seed=1)
     a, b = s.add_sequence(), s.add_sequence()
     s.prefill_batch({a: Prompt(h[:2]), b: Prompt(h[:2])})
     s.verify({a: h[2:4]})
     s.verify({b: h[2:5]})
-    before = fingerprint(s)
-    with pytest.raises(SequenceError, match="overwrote"):
-        s.accept({a: 1})
-    assert fingerprint(s) == before
+    assert s._seqs[a].pending.row + 2 <= s._seqs[b].pending.row  # b's window lies after a's rows
+    s.accept({a: 1})
+    s.accept({b: 0})
+    assert (s.position(a), s.position(b)) == (3, 2)
 
 
 class _NoVerify(TorchEngine):

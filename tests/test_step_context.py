@@ -296,13 +296,15 @@ def test_abandoned_steps(world):
         with s.begin_step(seqs, "decode", token_ids=ids):
             raise RuntimeError("the host failed before any layer")
     assert fingerprint(s) == before  # nothing ran: nothing changed, the sequences step on
+    blob = s.snapshot(int(seqs[1]))
     with pytest.raises(StepError, match="closed before"):
         with s.begin_step(seqs, "decode", token_ids=ids) as st:
             st.layer(0, x)  # the host forgot layers 1..3: layer 0 wrote its pools
     with pytest.raises(SequenceError, match=f"sequence {seqs[0]} failed in an earlier step"):
         s.begin_step(seqs, "decode", token_ids=ids)
-    blob = s.snapshot(int(seqs[1]))  # snapshot, release and restore stay open to a failed sequence
-    s.release(int(seqs[0]))
+    with pytest.raises(SequenceError, match="closed before.*half-written"):  # a failed state is no snapshot
+        s.snapshot(int(seqs[1]))
+    s.release(int(seqs[0]))  # release and restore (a new sequence) stay open
     r = s.restore(blob)
     with s.begin_step(np.array([r]), "decode", token_ids=ids[:1]) as st:
         st.run(x[:1])
