@@ -180,6 +180,10 @@ class SeqTable:
         if not ok.all():
             bad = int(seqs[np.flatnonzero(~ok)[0]])
             raise SequenceError(f"sequence {bad} {self._why(bad)}")
+        return self._distinct(seqs, slot)
+
+    def _distinct(self, seqs: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        """`slot`, after checking that no sequence of `seqs` appears twice (one scatter and gather over the slots)."""
         n = seqs.size
         if n > 1:
             if n > self.S:
@@ -213,16 +217,7 @@ class SeqTable:
                                     "be half-written, so only release is open to it")
             raise SequenceError(f"sequence {q} has an unaccepted verify: call accept first (accept({{{q}: 0}}) "
                                 "rejects every draft)")
-        n = seqs.size
-        if n > 1:
-            if n > self.S:
-                raise ValueError(f"a step of {n} sequences names some twice: the session holds {self.S}")
-            at = self._at[:n]
-            self._mark[slot] = at
-            dup = self._mark[slot] != at
-            if dup.any():
-                raise ValueError(f"sequence {int(seqs[np.flatnonzero(dup)[0]])} appears twice in one step")
-        return slot
+        return self._distinct(seqs, slot)
 
     def stash_window(self, tokens: int, capacity: int, move: Callable[[int, int, int], None]) -> int:
         """The first stash row of a verify of `tokens` rows: the lowest gap between the pending verifies' rows that
