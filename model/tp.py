@@ -28,7 +28,7 @@ their loading rules):
   streams (the grouped norms and the PLE gate reduce over each stream's C channels, the read and write gates mix
   every channel), so sharding them would add collectives around every sublayer to save little: at Qwen4-Exp sizes
   the hc gates are 6.6 M parameters per sublayer and the PLE consumer 32.8 M on its one layer, against 42.1 M per
-  mixer, which is sharded. The PLE conv carry [n·C, carry] is therefore whole on every rank, as are the PLE rows.
+  mixer, which is sharded. The PLE conv carry [carry, n·C] is therefore whole on every rank, as are the PLE rows.
 
 `shard_layer` cuts in-memory weights; `load_checkpoint(dir, shard)` (`checkpoint.py`) reads only a rank's rows and
 columns from the safetensors files. `lora.shard_adapter` cuts a LoRA adapter as PEFT / vLLM's parallel LoRA layers
