@@ -11,8 +11,8 @@ verify), nominal TFLOP/s and Mtok/s (prefill), bandwidth of the conv, and the ac
 The sweep picks our launch parameters first (on the largest case of each kernel) and the headline rows use them;
 without it (`--only` leaving out sweep) the rows use the committed defaults (`triton.Tuning`). The variant
 sections (bench/variants.py) time the `Tuning` variants beside the defaults; the run ends with a summary per case
-(default, fastest variant, FLA), also written as `summary` rows. `--only round2 --prefill-T 16384` is issue 18's
-final call: every case of the issue beside FLA, the variants and the per-pass breakdown.
+(default, fastest variant, FLA), also written as `summary` rows. `--only round2 --prefill-T 16384` is the
+round-2 call: every case of the kernel targets beside FLA, the variants and the per-pass breakdown.
 """
 
 from __future__ import annotations

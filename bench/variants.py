@@ -181,7 +181,7 @@ def conv_variants(b, n: int = 256) -> None:
           pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw, rel_rms_o=err)
 
 
-# issue 18's cases: (case as the rows name it, the variant section that times alternatives to the default)
+# the kernel targets' cases: (case as the rows name it, the variant section that times alternatives to the default)
 SUMMARY_CASES = [("decode 1x1", None), ("decode 64x1", "decode-var"), ("decode 256x1", "decode-var"),
                  ("prefill 16384", "prefill-var"), ("varlen 16x1024", "prefill-var"),
                  ("conv update 256", "conv-var"), ("conv prefill 16384", None)]

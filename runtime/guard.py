@@ -1,4 +1,4 @@
-"""`Guard`: one thread at a time in a session (issue 16 item 4).
+"""`Guard`: one thread at a time in a session.
 
 A `Session` is not thread-safe and does not pretend to be: its calls mutate shared host tables and device buffers
 without locks, and interleaving two threads' steps silently mixed their results (3 of 3 trials wrong). So every

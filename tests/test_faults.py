@@ -1,4 +1,4 @@
-"""Faults in the middle of a step (issue 16 item 8): an engine that raises at layer k (before or after its own run)
+"""Faults in the middle of a step: an engine that raises at layer k (before or after its own run)
 in every step kind (decode, verify, prefill, mixed) and every way of calling the layers (the dict API, `step.layer`,
 `step.mixer`). The contract (`steps.py`, docs/architecture.md): the fault reaches the caller; the step's sequences
 are marked failed with the reason and refuse every call but release (a snapshot too: their state may be

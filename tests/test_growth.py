@@ -1,4 +1,4 @@
-"""Memory bounded by the limits, not by the history (issue 16 item 6): 100,000 add/release cycles (with snapshots,
+"""Memory bounded by the limits, not by the history: 100,000 add/release cycles (with snapshots,
 restores and steps among them) leave every tensor, numpy array and Python container reachable from a session the
 same size; released and never-issued ids are still told apart, each with its own clear error."""
 

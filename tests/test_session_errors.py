@@ -129,8 +129,8 @@ def test_too_many_sequences_leaves_pool_unchanged():
 
 
 def test_accept_after_a_later_verify_of_another_sequence():
-    """Each pending verify keeps its own stash rows: a later verify of b leaves a's acceptable (issue 16 item 2;
-    tests/test_verify_stash.py checks the states against a twin)."""
+    """Each pending verify keeps its own stash rows: a later verify of b leaves a's acceptable
+    (tests/test_verify_stash.py checks the states against a twin)."""
     s = open_session(PLAIN)
     h, _ = inputs(s, 8, seed=1)
     a, b = s.add_sequence(), s.add_sequence()

@@ -1,4 +1,4 @@
-"""One thread at a time in a session (issue 16 item 4, `runtime/guard.py`): a second thread entering any public call
+"""One thread at a time in a session (`runtime/guard.py`): a second thread entering any public call
 of the session or of another thread's open step, while a call is in flight or a step is open, gets a
 `ConcurrentUseError` naming the holding thread, and nothing changes; the holder's results equal a one-thread twin's.
 Real threads, ordered by events (deterministic)."""

@@ -1,4 +1,4 @@
-"""Each pending verify keeps its own stash rows until it is accepted (issue 16 item 2): verifies of other
+"""Each pending verify keeps its own stash rows until it is accepted: verifies of other
 sequences in later steps, in any order and any mix of step kinds, never touch them; `accept({seq: 0})` always works;
 when the free stash rows are scattered, the pending rows are packed to the start (`SeqTable.stash_window`) and their
 verifies still accept exactly. Checked bit for bit against a twin session that runs the same steps and accepts each
