@@ -317,7 +317,7 @@ COLUMNS = ["section", "case", "impl", "kernel", "time_us", "ours_over_fla", "sta
 
 SECTIONS = ("floor", "sweep", "decode", "decode-var", "verify", "prefill", "prefill-var", "breakdown", "conv",
             "conv-var", "accuracy")
-# the final call of round 2 (issue 18): every case of the issue beside FLA, the variants, the per-pass breakdown
+# the final call of round 2: every case of the kernel targets beside FLA, the variants, the per-pass breakdown
 ROUND2 = "floor,decode,decode-var,prefill,prefill-var,breakdown,conv,conv-var"
 
 

@@ -1,4 +1,4 @@
-"""Issue 14's proof against the real thing: tiny random Hugging Face `Qwen3NextForCausalLM` (MoE blocks) and
+"""The runtime inside real models: tiny random Hugging Face `Qwen3NextForCausalLM` (MoE blocks) and
 `Qwen3_5ForCausalLM` (dense MLP) models with full-attention layers between their GDN layers, saved as sharded bf16
 checkpoints, run end to end with Hugging Face's own embeddings, attention, MoE / MLP, norms and lm_head and the
 runtime for every GDN layer (`examples/hf_hybrid.py`: HF's `linear_attn` modules call the open step's `mixer`; HF's
