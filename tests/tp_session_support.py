@@ -11,8 +11,6 @@ all-reduce: `torch.distributed.all_reduce` on a rank, nothing at tp = 1) finishe
 
 from __future__ import annotations
 
-import os
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +23,8 @@ from gdn_trt.model.tp import TpSpec
 from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.seqs import Prompt
 from gdn_trt.runtime.session import Session, SessionOptions
+
+from .tp_support import WORLD, gloo_world
 
 F64 = torch.float64
 PRESETS = ("tiny-next-tp", "tiny-3.5-tp", "tiny-4exp-tp")  # Qwen3-Next (its layer 1 dense), Qwen3.5 dense, Qwen4-Exp
@@ -130,24 +130,14 @@ def _pair(out, streams):
     return out if isinstance(out, tuple) else (None, out)
 
 
-# ---- the ranks' processes ----
-WORLD = 4
-
-
+# ---- the ranks' processes (tp = 4 over all four, tp = 2 over the pairs {0, 1} and {2, 3}) ----
 def _worker(rank: int, root: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=120))
-    try:
-        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    with gloo_world(rank, root) as pairs:
         job = torch.load(Path(root) / "job.pt", weights_only=False)
         group = pairs[rank // 2]
         out = {4: {n: run_rank(n, job[n], None) for n in PRESETS},
                2: {n: run_rank(n, job[n], group) for n in PRESETS[rank // 2::2]}}
         torch.save(out, Path(root) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def run_rank(name: str, data: dict, group) -> dict:

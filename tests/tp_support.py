@@ -11,6 +11,7 @@ saves what it computed to `root/rank<r>.pt`. The test process computes the whole
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import timedelta
 from pathlib import Path
@@ -138,13 +139,22 @@ def gather_part(cfg: GdnConfig, part: str, ranks: list[torch.Tensor | None]) -> 
 WORLD = 4  # one spawn: tp = 4 over all four processes, tp = 2 over the groups {0, 1} and {2, 3}
 
 
-def _worker(rank: int, root: str) -> None:
+@contextmanager
+def gloo_world(rank: int, root: str):
+    """This process as rank `rank` of WORLD gloo processes (a file rendezvous under `root`); yields the groups of
+    the pairs {0, 1} and {2, 3} (every process creates every group, in order)."""
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=120))
     try:
-        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every process creates every group, in order
+        yield [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    finally:
+        dist.destroy_process_group()
+
+
+def _worker(rank: int, root: str) -> None:
+    with gloo_world(rank, root) as pairs:
         job = torch.load(Path(root) / "job.pt", weights_only=False)
         out = {4: _run_job(job, 4, job[4], Shard(4, rank), None)}
         # each pair runs every other tp = 2 case: the pair {2, 3} also checks ranks of a group that is not the world
@@ -152,8 +162,6 @@ def _worker(rank: int, root: str) -> None:
         out[2] = dict(zip([k for k, _ in half], _run_job(job, 2, [c for _, c in half], Shard(2, rank % 2),
                                                           pairs[rank // 2])))
         torch.save(out, Path(root) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def _run_job(job: dict, size: int, cases: list[tuple[Case, dict]], shard: Shard, group) -> list[dict]:
