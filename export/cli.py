@@ -36,7 +36,7 @@ EXPORT_EXAMPLES = """examples:
   gdn-trt export --checkpoint DIR --embed-weights    # weights inside the graphs (for gdn-trt refit, trtexec)
   gdn-trt export --preset tiny-3.5 --aot --out artifacts/onnx-aot   # every node one kernel (AOT plugins)
   gdn-trt export --preset tiny-4exp-tp --tp 2        # one graph set per tensor-parallel rank: <out>/rank<r>/
-  gdn-trt export --preset tiny-3.5-tp --tp 2         # dense-MLP layers: <mode>.mixer.onnx + <mode>.mlp.onnx per rank
+  gdn-trt export --preset tiny-3.5-tp --tp 2         # dense-MLP layers: <mode>+mixer.onnx + <mode>+mlp.onnx per rank
 
 The folder gets manifest.json, layer<i>/<mode>.onnx (stack<a>-<b>/<mode>.onnx with --stack; + .onnx.data with
 --embed-weights) and beside each graph a Polygraphy data loader (the weight inputs fed from the checkpoint):
@@ -277,7 +277,7 @@ def run_export(args) -> int:
     print(f"next: gdn-trt compare --onnx {out}; gdn-trt build --onnx {out}; polygraphy run {out}/{folder}/<mode>.onnx "
           f"--onnxrt --data-loader-script {out}/{folder}/<mode>_data.py")
     if total > len(plan.graph_layers(cfg)) * len(plan.modes) * args.tp:
-        print("dense-MLP layers: two graphs per mode and rank, <mode>.mixer.onnx and <mode>.mlp.onnx; the host "
+        print("dense-MLP layers: two graphs per mode and rank, <mode>+mixer.onnx and <mode>+mlp.onnx; the host "
               "all-reduces the mixer's x_out and feeds the mlp graph x = that sum, residual = the mixer's residual_out")
     return 0
 

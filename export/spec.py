@@ -22,8 +22,9 @@ layer by layer. A one-layer graph is the stack of its layer with the prefix left
 A tensor-parallel rank's dense-MLP layer is two graphs per mode (`part`, `model.tp.Part`), the host's all-reduce
 between them: the MIXER graph has the layer's I/O with only the weights it reads (all but `mlp.*` and
 `norms.post_norm`); the MLP graph takes `x` (the all-reduced mixer output) and `residual` [T, C] and the MLP's
-weights, and outputs `x_out` (the rank's partial `down_proj` sum) and `residual_out`. Their stems end in `.mixer` /
-`.mlp` (`prefill_varlen.mixer`); a graph of a whole layer has no `part` (absent from its JSON).
+weights, and outputs `x_out` (the rank's partial `down_proj` sum) and `residual_out`. Their stems end in `+mixer` /
+`+mlp` (`prefill_varlen+mixer`; not a dot: Polygraphy imports the loader script `<stem>_data.py` as a module, and a
+dot in a module name means a package); a graph of a whole layer has no `part` (absent from its JSON).
 """
 
 from __future__ import annotations
@@ -197,10 +198,10 @@ class GraphSpec:
 
     @property
     def stem(self) -> str:
-        """File stem of the graph and its engine: `<mode>[+hc][+ple][+lora][.mixer|.mlp]`."""
+        """File stem of the graph and its engine: `<mode>[+hc][+ple][+lora][+mixer|+mlp]`."""
         return (self.mode.value + ("" if self.variant is Variant.PLAIN else "+" + self.variant.value)
                 + ("+lora" if self.limits.lora is not None else "") + ("" if self.part is None else
-                                                                       "." + self.part.value))
+                                                                       "+" + self.part.value))
 
     @property
     def input_names(self) -> tuple[str, ...]:

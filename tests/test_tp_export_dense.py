@@ -1,5 +1,5 @@
 """Export per tensor-parallel rank of dense-MLP layers (Qwen3.5 dense, `tiny-3.5-tp` layer 0): two graphs per rank
-and mode, `<mode>.mixer.onnx` and `<mode>.mlp.onnx`, the host's all-reduce between them. Here the host is the test:
+and mode, `<mode>+mixer.onnx` and `<mode>+mlp.onnx`, the host's all-reduce between them. Here the host is the test:
 each rank's mixer graph runs in ONNX Runtime on the rank's slices of the inputs, its partial `x_out` are summed by
 hand (the all-reduce), each rank's mlp graph takes that sum and the mixer's `residual_out`, and its partial `x_out`
 summed plus its `residual_out` must be the whole layer's hidden state (the tp = 1 torch layer); the gathered pools
@@ -70,7 +70,7 @@ def test_rank_part_graphs_with_the_hosts_all_reduce_between_them_are_the_whole_l
         rank_ck = load_checkpoint(ck_dir, Shard(TP, r))
         assert m.data["engine_config"]["graphs"] == [{"layers": [LAYER], "modes": [x.value for x in MODES],
                                                       "parts": ["mixer", "mlp"]}]
-        assert sorted(g.path for g in m.graphs) == sorted(f"layer{LAYER}/{x.value}.{p}.onnx" for x in MODES
+        assert sorted(g.path for g in m.graphs) == sorted(f"layer{LAYER}/{x.value}+{p}.onnx" for x in MODES
                                                           for p in ("mixer", "mlp"))
         ranks.append((m, export_layer(rank_ck.config, next(lw for lw in rank_ck.layers if lw.index == LAYER),
                                       CFG.dtype)))
@@ -113,7 +113,7 @@ def test_part_specs_round_trip_and_only_a_ranks_dense_layer_has_parts():
     rank = shard_config(CFG, Shard(TP, 1))
     for part in Part:
         s = graph_spec(rank, LAYER, LayerMode.VERIFY_MULTI, Limits(), part=part)
-        assert GraphSpec.from_json(s.to_json()) == s and s.stem == f"verify_multi.{part.value}"
+        assert GraphSpec.from_json(s.to_json()) == s and s.stem == f"verify_multi+{part.value}"
     assert "part" not in graph_spec(CFG, LAYER, LayerMode.DECODE, Limits()).to_json()
     with pytest.raises(TpError, match=r"has the graphs \['mixer', 'mlp'\] per mode"):
         graph_spec(rank, LAYER, LayerMode.DECODE, Limits())  # the whole layer would hold its first all-reduce
