@@ -38,7 +38,7 @@ from .data import write_loader_script
 from .digest import graph_files, sha256_files
 from .engine_config import engine_config
 from .onnx_export import export_graph
-from .spec import GraphSpec, Limits, Variant, gdn_runs, graph_spec
+from .spec import GraphSpec, Limits, Variant, gdn_runs, graph_spec, rank_parts
 
 MANIFEST = "manifest.json"
 
@@ -99,8 +99,9 @@ class GraphRecord:
                 f"({self.custom_nodes} {NAMESPACE}), {self.bytes / 1e6:.2f} MB -> {self.path}")
 
     def to_json(self) -> dict:
+        part = {} if self.spec.part is None else {"part": self.spec.part.value}
         return {"layer": self.spec.layer_idx, "layers": list(self.spec.layer_ids), "mode": self.spec.mode.value,
-                "variant": self.spec.variant.value,
+                "variant": self.spec.variant.value, **part,
                 "path": self.path, "nodes": self.nodes, "custom_nodes": self.custom_nodes, "bytes": self.bytes,
                 "sha256": self.sha256, "graph_spec": self.spec.to_json()}
 
@@ -188,13 +189,15 @@ def export_checkpoint(ck: Checkpoint, out: Path, plan: ExportPlan,
     for ids in plan.graph_layers(ck):
         layers = [export_layer(cfg, by_index[i], dtype) for i in ids]
         for mode in plan.modes:
-            spec = graph_spec(cfg, ids if len(ids) > 1 else ids[0], mode, plan.limits, dtype, plan.weights, plan.aot)
-            path = export_graph(layers, spec, root / spec.folder / f"{spec.stem}.onnx")
-            rec = _record(spec, path, root)
-            write_loader_script(path, spec)
-            records.append(rec)
-            if progress:
-                progress(rec)
+            for part in rank_parts(cfg, ids[0]):  # a rank's dense-MLP layer: its mixer and mlp graphs
+                spec = graph_spec(cfg, ids if len(ids) > 1 else ids[0], mode, plan.limits, dtype, plan.weights,
+                                  plan.aot, part)
+                path = export_graph(layers, spec, root / spec.folder / f"{spec.stem}.onnx")
+                rec = _record(spec, path, root)
+                write_loader_script(path, spec)
+                records.append(rec)
+                if progress:
+                    progress(rec)
     manifest = {
         "model": cfg.name, "config_hash": cfg.config_hash(), "checkpoint": _portable(ck.path, root),
         "adapter": merged, "dtype": dtype, "limits": GraphSpec.to_json(records[0].spec)["limits"] if records else None,

@@ -36,6 +36,7 @@ EXPORT_EXAMPLES = """examples:
   gdn-trt export --checkpoint DIR --embed-weights    # weights inside the graphs (for gdn-trt refit, trtexec)
   gdn-trt export --preset tiny-3.5 --aot --out artifacts/onnx-aot   # every node one kernel (AOT plugins)
   gdn-trt export --preset tiny-4exp-tp --tp 2        # one graph set per tensor-parallel rank: <out>/rank<r>/
+  gdn-trt export --preset tiny-3.5-tp --tp 2         # dense-MLP layers: <mode>+mixer.onnx + <mode>+mlp.onnx per rank
 
 The folder gets manifest.json, layer<i>/<mode>.onnx (stack<a>-<b>/<mode>.onnx with --stack; + .onnx.data with
 --embed-weights) and beside each graph a Polygraphy data loader (the weight inputs fed from the checkpoint):
@@ -221,7 +222,7 @@ def run_export(args) -> int:
     from gdn_trt.model.tp import TpError, check_shard, shard_config
 
     from .artifacts import ExportPlan, export_checkpoint, rank_folder
-    from .spec import check_rank_graph
+    from .spec import check_rank_graph, rank_parts
 
     cfg = _config(args)  # everything below is checked before a file is written
     out = args.out or ONNX_ROOT / cfg.name
@@ -234,11 +235,14 @@ def run_export(args) -> int:
     plan = ExportPlan(args.modes or tuple(LayerMode), args.layers, args.dtype, limits, args.adapter, args.stack,
                       not args.embed_weights, args.aot)
     total = len(plan.graph_layers(cfg)) * len(plan.modes) * args.tp
-    if args.tp > 1:  # refused before a file is written: a size that does not divide the heads, a stack, dense MLPs
-        try:
+    if args.tp > 1:  # refused before a file is written: a size that does not divide the heads, a stack, LoRA slots
+        try:  # on dense-MLP layers (two part graphs each: total counts them)
             check_shard(cfg, Shard(args.tp, 0))
+            rank_cfg = shard_config(cfg, Shard(args.tp, 0))
             for ids in plan.graph_layers(cfg):
-                check_rank_graph(shard_config(cfg, Shard(args.tp, 0)), ids)
+                check_rank_graph(rank_cfg, ids, lora)
+            total += sum(len(rank_parts(rank_cfg, ids[0])) - 1 for ids in plan.graph_layers(cfg)) * len(plan.modes) \
+                * args.tp
         except TpError as e:
             print(f"gdn-trt export: {e}", file=sys.stderr)
             return 2
@@ -272,6 +276,9 @@ def run_export(args) -> int:
         folder = f"rank<r>/{folder}"
     print(f"next: gdn-trt compare --onnx {out}; gdn-trt build --onnx {out}; polygraphy run {out}/{folder}/<mode>.onnx "
           f"--onnxrt --data-loader-script {out}/{folder}/<mode>_data.py")
+    if total > len(plan.graph_layers(cfg)) * len(plan.modes) * args.tp:
+        print("dense-MLP layers: two graphs per mode and rank, <mode>+mixer.onnx and <mode>+mlp.onnx; the host "
+              "all-reduces the mixer's x_out and feeds the mlp graph x = that sum, residual = the mixer's residual_out")
     return 0
 
 

@@ -71,14 +71,20 @@ def model_fields(cfg: GdnConfig, act_dtype: str) -> dict:
 
 def engine_config(cfg: GdnConfig, act_dtype: str, limits: Limits, specs: list[GraphSpec], weights: bool) -> dict:
     """The whole config of an export: the model fields, the package, how weights reach the plans, the limits, and
-    the graphs by layers (a stack's run or one layer) with their modes."""
+    the graphs by layers (a stack's run or one layer) with their modes; a tensor-parallel rank's dense-MLP layer
+    also with `parts` ["mixer", "mlp"]: each mode is those two plans, the host's all-reduce between them."""
     graphs: dict[tuple[int, ...], list[str]] = {}
+    parts: dict[tuple[int, ...], list[str]] = {}
     for s in specs:
-        graphs.setdefault(s.layer_ids, []).append(s.mode.value)
+        if s.part is None or s.mode.value not in graphs.get(s.layer_ids, []):
+            graphs.setdefault(s.layer_ids, []).append(s.mode.value)
+        if s.part is not None and s.part.value not in parts.get(s.layer_ids, []):
+            parts.setdefault(s.layer_ids, []).append(s.part.value)
     lim = GraphSpec.to_json(specs[0])["limits"] if specs else None
     return {**model_fields(cfg, act_dtype), "package": "gdn-trt", "package_version": package_version(),
             "weights": "inputs" if weights else "inside", "pool_slots": limits.pool_slots, "limits": lim,
-            "graphs": [{"layers": list(ids), "modes": modes} for ids, modes in graphs.items()]}
+            "graphs": [{"layers": list(ids), "modes": modes, **({"parts": parts[ids]} if ids in parts else {})}
+                       for ids, modes in graphs.items()]}
 
 
 def write_engine_config(config: dict, folder: Path, built: dict) -> Path:

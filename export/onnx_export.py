@@ -31,6 +31,7 @@ from gdn_trt.model.layer import GdnLayer
 from gdn_trt.model.lora import LoraInput, SlotWeights
 from gdn_trt.model.modes import LayerMode, Writes
 from gdn_trt.model.state import LayerState, StateCapture, StateStash, StepInput
+from gdn_trt.model.tp import Part
 from gdn_trt.plugins.causal_conv1d import onnx as conv_onnx
 from gdn_trt.plugins.gated_delta_rule import onnx as gdn_onnx
 from gdn_trt.plugins.gated_delta_rule import onnx_passes as gdn_passes
@@ -47,14 +48,19 @@ _log = logging.getLogger(__name__)
 
 
 class _Run(nn.Module):
-    """One layer in one mode as a module call, so `functional_call` can bind its weights to graph inputs."""
+    """One layer in one mode (or one part graph of it, `part`) as a module call, so `functional_call` can bind its
+    weights to graph inputs."""
 
-    def __init__(self, layer: GdnLayer, mode: LayerMode):
+    def __init__(self, layer: GdnLayer, mode: LayerMode, part: Part | None = None):
         super().__init__()
-        self.layer, self.mode = layer, mode
+        self.layer, self.mode, self.part = layer, mode, part
 
-    def forward(self, step: StepInput, state: LayerState, extra):
-        return self.layer.run(self.mode, step, state, extra)
+    def forward(self, *args):
+        if self.part is Part.MLP:  # (x, residual)
+            return (self.layer.run_part_mlp(*args),)
+        if self.part is Part.MIXER:
+            return self.layer.run_part_mixer(self.mode, *args)
+        return self.layer.run(self.mode, *args)
 
 
 class ModeGraph(nn.Module):
@@ -68,7 +74,7 @@ class ModeGraph(nn.Module):
         layers = [layers] if isinstance(layers, GdnLayer) else list(layers)
         if tuple(la.index for la in layers) != spec.layer_ids:
             raise ValueError(f"{spec.stem} runs layers {spec.layer_ids}, got {[la.index for la in layers]}")
-        self.runs = nn.ModuleList(_Run(la, spec.mode) for la in layers)
+        self.runs = nn.ModuleList(_Run(la, spec.mode, spec.part) for la in layers)
         self.spec = spec
 
     def forward(self, *args: Tensor) -> tuple[Tensor, ...]:
@@ -86,7 +92,10 @@ class ModeGraph(nn.Module):
         return (x, *([] if residual is None else [residual]), *buffers)
 
     def _layer(self, run: _Run, t: dict[str, Tensor], x: Tensor, residual: Tensor | None):
-        """One layer on its inputs `t` (local names): the result of `GdnLayer.run`."""
+        """One layer on its inputs `t` (local names): the result of `GdnLayer.run` (a part graph's: of its part)."""
+        weights = {f"layer.{n}": t[n] for n in run.layer.weights() if n in t}  # a part graph takes its part's
+        if self.spec.part is Part.MLP:
+            return torch.func.functional_call(run, weights, (x, residual))
         lora = None
         if "lora_idx" in t:
             slots = {s.target: SlotWeights(t[f"lora_{s.target.value}_a"], t[f"lora_{s.target.value}_b"])
@@ -101,7 +110,6 @@ class ModeGraph(nn.Module):
             extra = StateCapture(t["capture_at"], t["conv_capture"], t["ssm_capture"], t.get("ple_conv_capture"))
         if self.spec.weights_inside:
             return run(step, state, extra)
-        weights = {f"layer.{n}": t[n] for n in run.layer.weights()}
         return torch.func.functional_call(run, weights, (step, state, extra))
 
 

@@ -18,6 +18,13 @@ A stack graph runs a run of consecutive GDN layers (`gdn_runs`) in one graph: `l
 of one layer (PLE rows, pools, stashes, captures, adapter slots, weights) is named `l<i>.<name>` and records its
 `layer`, and the activations, the packing and `lora_idx` are shared; each group keeps its place in the order above,
 layer by layer. A one-layer graph is the stack of its layer with the prefix left out.
+
+A tensor-parallel rank's dense-MLP layer is two graphs per mode (`part`, `model.tp.Part`), the host's all-reduce
+between them: the MIXER graph has the layer's I/O with only the weights it reads (all but `mlp.*` and
+`norms.post_norm`); the MLP graph takes `x` (the all-reduced mixer output) and `residual` [T, C] and the MLP's
+weights, and outputs `x_out` (the rank's partial `down_proj` sum) and `residual_out`. Their stems end in `+mixer` /
+`+mlp` (`prefill_varlen+mixer`; not a dot: Polygraphy imports the loader script `<stem>_data.py` as a module, and a
+dot in a module name means a package); a graph of a whole layer has no `part` (absent from its JSON).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from gdn_trt.model.dtypes import ACTIVATION_DTYPES, DTYPES
 from gdn_trt.model.layer import weight_shapes
 from gdn_trt.model.lora import LoraLimits
 from gdn_trt.model.modes import SEQS, TOKENS, LayerMode, Split, Writes
+from gdn_trt.model.tp import Part, TpError
 from gdn_trt.plugins.spec import AOT_CHAINS, CHUNK_TOKENS, CONV_PREFILL, GDN_CHUNKED, tensor
 
 SLOTS = "S"
@@ -161,6 +169,7 @@ class GraphSpec:
     layer_ids: tuple[int, ...] = ()  # the layers the graph runs, in order; () = (layer_idx,)
     aot: bool = False  # the AOT form: multi-kernel ops as chains of pass plugins (`spec.AOT_CHAINS`)
     scratch: tuple[TensorSpec, ...] = ()  # AOT form: the intermediates between the passes (role scratch)
+    part: Part | None = None  # one of the two graphs of a rank's dense-MLP layer; None = the whole layer
 
     def __post_init__(self) -> None:
         if not self.layer_ids:
@@ -189,9 +198,10 @@ class GraphSpec:
 
     @property
     def stem(self) -> str:
-        """File stem of the graph and its engine: `<mode>[+hc][+ple][+lora]`."""
+        """File stem of the graph and its engine: `<mode>[+hc][+ple][+lora][+mixer|+mlp]`."""
         return (self.mode.value + ("" if self.variant is Variant.PLAIN else "+" + self.variant.value)
-                + ("+lora" if self.limits.lora is not None else ""))
+                + ("+lora" if self.limits.lora is not None else "") + ("" if self.part is None else
+                                                                       "+" + self.part.value))
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -244,6 +254,8 @@ class GraphSpec:
         d["mode"], d["variant"] = self.mode.value, self.variant.value
         if not self.aot:  # the JIT form's JSON as before the AOT form existed
             del d["aot"], d["scratch"]
+        if self.part is None:  # a whole layer's JSON as before part graphs existed
+            del d["part"]
         d["aliases"] = self.aliases
         return json.loads(json.dumps(d, default=lambda o: o.value if isinstance(o, enum.Enum) else str(o)))
 
@@ -260,7 +272,8 @@ class GraphSpec:
         return GraphSpec(d["model"], d["config_hash"], d["layer_idx"], LayerMode(d["mode"]), Variant(d["variant"]),
                          d["act_dtype"], limits, ts(d["inputs"]), ts(d["outputs"]), buckets,
                          tuple(d.get("layer_ids") or (d["layer_idx"],)),  # absent before stack graphs existed
-                         bool(d.get("aot", False)), ts(d.get("scratch", ())))
+                         bool(d.get("aot", False)), ts(d.get("scratch", ())),
+                         Part(d["part"]) if d.get("part") else None)
 
 
 def _eval_dim(d: str, sizes: dict[str, int]) -> int:
@@ -313,32 +326,47 @@ def gdn_runs(cfg: GdnConfig, ids: tuple[int, ...] | None = None) -> list[tuple[i
     return [tuple(r) for r in runs]
 
 
-def _check_layers(cfg: GdnConfig, ids: tuple[int, ...]) -> None:
+def _check_layers(cfg: GdnConfig, ids: tuple[int, ...], limits: Limits, part: Part | None) -> None:
     bad = [i for i in ids if i not in cfg.gdn_layer_ids]
     if bad or not ids:
         raise ValueError(f"layer {bad[0] if bad else ids} is not a GDN layer of {cfg.name}; GDN layers: "
                          f"{cfg.gdn_layer_ids}")
     if cfg.tp_size > 1:
-        check_rank_graph(cfg, ids)
+        check_rank_graph(cfg, ids, limits.lora)
+    if part not in rank_parts(cfg, ids[0]):
+        raise TpError(f"layer {ids[0]} of {cfg.name}" + (f" (rank {cfg.tp_rank} of tp={cfg.tp_size})" if
+                      cfg.tp_size > 1 else "") + f" has the graphs {[p and p.value for p in rank_parts(cfg, ids[0])]}"
+                      f" per mode (None = the whole layer), not {part and part.value}")
     if len(ids) > 1 and gdn_runs(cfg, ids) != [ids]:
         raise ValueError(f"layers {list(ids)} of {cfg.name} are not one run of consecutive GDN layers with nothing "
                          f"of the host's between them (runs of this config: {gdn_runs(cfg)})")
 
 
-def check_rank_graph(cfg: GdnConfig, ids: tuple[int, ...]) -> None:
-    """A tensor-parallel rank's graph holds one layer whose only all-reduce is its last, left out of the graph (the
-    graph outputs the rank's partial sum, `rank_outputs`); `TpError` for a stack (an all-reduce between its layers)
-    or a dense-MLP layer (its first all-reduce, before the post-attention RMSNorm, would sit inside the graph)."""
-    from gdn_trt.model.tp import TpError
-
+def check_rank_graph(cfg: GdnConfig, ids: tuple[int, ...], lora: LoraLimits | None = None) -> None:
+    """A tensor-parallel rank's graph holds no collective: one layer whose last all-reduce is left to the host (the
+    graph outputs the rank's partial sum), a dense-MLP layer as two part graphs (`rank_parts`) with the host's
+    all-reduce between them. `TpError` for a stack (an all-reduce between its layers), and for a dense-MLP layer
+    of an hc model (no family has one) or with LoRA slots (`lora`; the part graphs take no adapter slots yet)."""
     if len(ids) > 1:
         raise TpError(f"rank {cfg.tp_rank} of tp={cfg.tp_size}: a stack graph of layers {list(ids)} would need an "
                       "all-reduce between its layers; export per-layer graphs (no --stack) at tp > 1")
-    if cfg.has_mlp(ids[0]):
-        raise TpError(f"layer {ids[0]} of {cfg.name} has a dense MLP: at tp={cfg.tp_size} the all-reduce after its "
-                      "out_proj feeds the post-attention RMSNorm inside the layer, so its graph would hold a "
-                      "collective; rank graphs of dense-MLP layers are not built (layers without one are: Qwen3-Next "
-                      "and Qwen3.5 MoE layers, Qwen4-Exp)")
+    if cfg.has_mlp(ids[0]) and cfg.is_hc:
+        raise TpError(f"layer {ids[0]} of {cfg.name}: an hc layer with a dense MLP has no part graphs at tp > 1")
+    if cfg.has_mlp(ids[0]) and lora is not None:
+        raise TpError(f"layer {ids[0]} of {cfg.name} has a dense MLP: at tp={cfg.tp_size} it is exported as two part "
+                      "graphs (mixer, mlp), which take no per-sequence LoRA slots yet; export without --lora-slots "
+                      "(a merged --adapter works)")
+
+
+def rank_parts(cfg: GdnConfig, layer_idx: int) -> tuple[Part | None, ...]:
+    """The graphs of one layer and mode: (None,) = the whole layer; a tensor-parallel rank's dense-MLP layer:
+    (MIXER, MLP), the host's all-reduce between them (its first reduction feeds the post-attention RMSNorm)."""
+    return (Part.MIXER, Part.MLP) if cfg.tp_size > 1 and cfg.has_mlp(layer_idx) else (None,)
+
+
+def _is_mlp_weight(name: str) -> bool:
+    """A weight of the MLP part graph (the post-attention RMSNorm and the MLP); the rest are the MIXER graph's."""
+    return name.startswith("mlp.") or name == "norms.post_norm"
 
 
 @dataclass(frozen=True)
@@ -386,15 +414,17 @@ class _Names:
 
 
 def graph_spec(cfg: GdnConfig, layers: int | tuple[int, ...], mode: LayerMode, limits: Limits,
-               act_dtype: str | None = None, weights: bool = True, aot: bool = False) -> GraphSpec:
+               act_dtype: str | None = None, weights: bool = True, aot: bool = False, part: Part | None = None
+               ) -> GraphSpec:
     """The GraphSpec of GDN layer `layers` of `cfg` in `mode` (activations in `act_dtype`, default cfg.dtype), or,
     for a tuple of two or more layers (one run of `gdn_runs`), of their stack graph: the layers in order, each
     one's tensors named `l<i>.<name>`, the activations, packing and `lora_idx` shared. `weights`: the layers'
     weights as graph inputs (role weight, static shapes, last), bound by the runtime from its one copy of each
     layer; False = inside the graph as initializers (`gdn-trt export --embed-weights`). `aot`: the AOT form, whose
-    multi-kernel ops are chains of pass plugins; `scratch` then lists their intermediates (`scratch_tensors`)."""
+    multi-kernel ops are chains of pass plugins; `scratch` then lists their intermediates (`scratch_tensors`).
+    `part`: one of a rank's dense-MLP layer's two graphs (`rank_parts`; the module docstring)."""
     ids = (layers,) if isinstance(layers, int) else tuple(layers)
-    _check_layers(cfg, ids)
+    _check_layers(cfg, ids, limits, part)
     act = act_dtype or cfg.dtype
     if act not in ACTIVATION_DTYPES:
         raise ValueError(f"activation dtype must be float32, bfloat16 or float16, got {act}")
@@ -407,6 +437,8 @@ def graph_spec(cfg: GdnConfig, layers: int | tuple[int, ...], mode: LayerMode, l
     if variant is not Variant.PLAIN:
         acts = [TensorSpec("streams", act, (T, cfg.stream_dim), A)]
     per = [_layer_io(cfg, i, mode, limits, act, names) for i in ids]
+    if part is not None:
+        return _part_spec(cfg, ids[0], mode, limits, act, part, acts, per[0], aot)
     ins = acts + [t for p in per for t in p.ple]
     ins += [TensorSpec("cu_seqlens", "int32", (n1,), I), TensorSpec("slots", "int32", (N,), I)]
     if mode.spec.writes is Writes.POOLS_CAPTURE:
@@ -424,6 +456,29 @@ def graph_spec(cfg: GdnConfig, layers: int | tuple[int, ...], mode: LayerMode, l
         mode.spec.writes is Writes.POOLS_CAPTURE else ()
     return GraphSpec(cfg.name, cfg.config_hash(), ids[0], mode, variant, act, limits, tuple(ins), tuple(outs),
                      _buckets(mode, limits), ids, aot, scratch)
+
+
+def _part_spec(cfg: GdnConfig, i: int, mode: LayerMode, limits: Limits, act: str, part: Part,
+               acts: list[TensorSpec], io: _LayerIo, aot: bool = False) -> GraphSpec:
+    """The GraphSpec of one part graph (`part`) of rank layer `i` in `mode`: see the module docstring. The MLP graph
+    keeps the mode's profiles (its T is the mode's), though it takes no packing or state."""
+    T, N = mode.spec.tokens, mode.spec.seqs
+    outs = [TensorSpec(n, act, (T, cfg.hidden_size), Role.ACTIVATION) for n in ("x_out", "residual_out")]
+    weights = [t for t in io.weights if _is_mlp_weight(t.name) == (part is Part.MLP)]
+    if part is Part.MLP:
+        ins = acts + weights
+    else:
+        ins = [*acts, TensorSpec("cu_seqlens", "int32", (2 if N == 1 else f"{SEQS}+1",), Role.INDEX),
+               TensorSpec("slots", "int32", (N,), Role.INDEX)]
+        if mode.spec.writes is Writes.POOLS_CAPTURE:
+            ins.append(TensorSpec("capture_at", "int32", (N,), Role.INDEX))
+        ins += io.pools + io.buffers + weights
+        outs += [TensorSpec(t.name + "_out", t.dtype, t.dims, t.role, aliases=t.name, layer=t.layer)
+                 for t in io.updated]
+    scratch = tuple(scratch_tensors(cfg, io.pools, act)) if aot and part is Part.MIXER and \
+        mode.spec.writes is Writes.POOLS_CAPTURE else ()
+    return GraphSpec(cfg.name, cfg.config_hash(), i, mode, Variant.PLAIN, act, limits, tuple(ins), tuple(outs),
+                     _buckets(mode, limits), (i,), aot, scratch, part)
 
 
 def scratch_tensors(cfg: GdnConfig, pools: list[TensorSpec], act: str) -> list[TensorSpec]:

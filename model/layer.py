@@ -28,7 +28,7 @@ from .lora import LoraInput, Proj, Site, apply_sites, check_idx_values, check_in
 from .modes import LayerMode, Writes
 from .norms import gated_rms_norm, rms_norm_1p
 from .state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
-from .tp import TpError, TpSpec
+from .tp import Part, TpError, TpSpec
 from .weights import INTEGER_WEIGHTS, LayerWeights
 
 _GATE_PARAMS = ("dt_bias", "A_log")  # kept at fp32 or wider whatever the activation dtype
@@ -205,6 +205,51 @@ class GdnLayer(nn.Module):
         io.lora = step.lora
         return self._mixer(step.x, io, self._fused(step.x), last=True)
 
+    def run_part_mixer(self, mode: LayerMode, step: StepInput, state: LayerState,
+                       extra: StateStash | StateCapture | None = None):
+        """The MIXER graph of a tensor-parallel rank's dense-MLP layer (`model/tp.Part`): `run` up to the mixer, its
+        `out_proj` sum left partial and the MLP not run. Returns what `run` returns in `mode`, its output
+        `StepOutput(the rank's partial mixer output [T, C], x + residual)`; no collective is called. Checked as
+        `run` checks."""
+        self._check_part()
+        self._check(mode, step, state, extra, part=Part.MIXER)
+        io = _Io(mode, step.pack, state, extra)
+        io.lora = step.lora
+        fused = self._fused(step.x)
+        h, residual = self._add_norm(step.x, step.residual, self.norms.input_norm, fused)
+        out = StepOutput(self._mixer(h, io, fused, last=True), residual)
+        if mode.spec.writes is Writes.STASH:
+            return out, io.new_extra()
+        if mode.spec.writes is Writes.POOLS_CAPTURE:
+            return out, io.new_state(), io.new_extra()
+        return out, io.new_state()
+
+    def run_part_mlp(self, x: Tensor, residual: Tensor) -> StepOutput:
+        """The MLP graph of a tensor-parallel rank's dense-MLP layer: `x` [T, C] = the all-reduced mixer output (the
+        ranks' MIXER `x` summed), `residual` [T, C] = the MIXER output's residual -> `StepOutput(the rank's partial
+        down_proj sum, residual + x)`: the post-attention add and RMSNorm, the rank's gate/up columns and down rows,
+        as `run` computes them; the layer's hidden state is `all_reduce(out.x) + out.residual`. Per token: no state,
+        no packing, no LoRA (part graphs take no adapter slots)."""
+        self._check_part()
+        if x.dim() != 2 or x.shape[1] != self.cfg.hidden_size or residual.shape != x.shape:
+            raise ValueError(f"x and residual must both be [T, {self.cfg.hidden_size}], got {tuple(x.shape)} and "
+                             f"{tuple(residual.shape)}")
+        if x.dtype != self.dtype or residual.dtype != self.dtype:
+            raise ValueError(f"x is {x.dtype} and residual {residual.dtype}, the layer computes in {self.dtype}")
+        fused = self._fused(x)
+        h, residual = self._add_norm(residual, x, self.norms.post_norm, fused)
+        return StepOutput(self._mlp(h, _Io(LayerMode.DECODE, None, None, None), fused), residual)
+
+    def _check_part(self) -> None:
+        """The two part graphs are those of a rank's plain dense-MLP layer whose host reduces (no family has hc
+        layers with a dense MLP)."""
+        cfg = self.cfg
+        if self.mlp is None or cfg.is_hc or cfg.tp_size == 1 or not self.tp.host_reduce:
+            raise TpError(f"layer {self.index} of {cfg.name}: parts are the two graphs of a tensor-parallel rank's "
+                          "plain dense-MLP layer with TpSpec(host_reduce=True); this one "
+                          + ("has no dense MLP" if self.mlp is None else "is an hc layer" if cfg.is_hc else
+                             "is a whole model's (tp=1)" if cfg.tp_size == 1 else "reduces inside (host_reduce off)"))
+
     def forward_sequence(self, x: Tensor, ple_rows: Tensor | None = None) -> Tensor:
         """One whole sequence from a fresh state, HF convention: x is the hidden state entering the layer
         (plain [T, C]; hc: the streams [T, n*C]); returns the hidden state after the layer's last residual add."""
@@ -340,8 +385,9 @@ class GdnLayer(nn.Module):
         return (gv + io.conv("ple_conv", u, conv),)
 
     # ---- checks ----
-    def _check(self, mode: LayerMode, step: StepInput, state: LayerState, extra) -> None:
+    def _check(self, mode: LayerMode, step: StepInput, state: LayerState, extra, part: Part | None = None) -> None:
         cfg = self.cfg
+        collective = self._collective() and part is None
         want_extra = {Writes.STASH: StateStash, Writes.POOLS_CAPTURE: StateCapture}.get(mode.spec.writes, type(None))
         if not isinstance(extra, want_extra):
             raise TypeError(f"{mode.value} needs {want_extra.__name__}, got {type(extra).__name__}")
@@ -364,12 +410,13 @@ class GdnLayer(nn.Module):
         if step.lora is not None:
             check_input(step.lora, self.lora_sites, step.x.shape[0], self.dtype)
         if torch.compiler.is_exporting():
-            if self._collective():
+            if collective:
                 raise TpError(f"layer {self.index} is rank {cfg.tp_rank} of tp={cfg.tp_size}: its graph would hold "
                               "an all-reduce; export a rank's layer with TpSpec(host_reduce=True), which leaves its "
-                              "one reduction to the host (a dense-MLP layer has two: not exported at tp > 1)")
+                              "one reduction to the host (a dense-MLP layer has two: export it as its two part "
+                              "graphs, run_part_mixer and run_part_mlp)")
             return  # token counts are symbolic while tracing; the GraphSpec profiles bound them
-        if self._collective():
+        if collective:
             self.tp.check(cfg)
         why = mode.refuse(step.pack.num_seqs, step.x.shape[0])
         if why is not None:

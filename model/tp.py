@@ -38,6 +38,7 @@ do: for column-parallel targets A is replicated and B split by output rows; for 
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -53,6 +54,17 @@ from .weights import LayerWeights, MixerWeights, MlpWeights
 
 class TpError(GdnTrtError, ValueError):
     """A tensor-parallel size or rank that does not fit the model, or a process group that does not match it."""
+
+
+class Part(str, enum.Enum):
+    """The two graphs of a rank's dense-MLP layer, with the host's all-reduce between them (a graph holds no
+    collective): MIXER = the layer up to the rank's partial `out_proj` sum (`x_out`) and the residual
+    (`residual_out`); MLP = from the reduced mixer output and that residual through the post-attention RMSNorm and
+    the rank's gate/up/down to the rank's partial `down_proj` sum and the new residual. The layer's hidden state is
+    `all_reduce(mlp.x_out) + mlp.residual_out`."""
+
+    MIXER = "mixer"
+    MLP = "mlp"
 
 
 # ---- sizes ----

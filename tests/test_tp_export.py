@@ -132,7 +132,7 @@ def test_plans_of_a_rank_are_found_by_rank_and_another_rank_is_refused(exports, 
 
 def test_rank_exports_that_would_hold_a_collective_are_refused_before_writing(tmp_path, capsys):
     out = tmp_path / "o"
-    for extra, why in ((["--layers", "1"], "dense MLP"), (["--stack"], "stack graph"),
+    for extra, why in ((["--stack"], "stack graph"),
                        (["--tp", "3"], "does not divide")):
         args = ["export", "--preset", "tiny-next-tp", "--tp", "2", "--modes", "decode", "--out", str(out), *extra]
         assert export_main(args) == 2
