@@ -42,6 +42,8 @@ class StepParts:
     stats: SessionStats
     pack: PackBuffers
     guard: Guard = field(default_factory=Guard)  # one thread at a time in the session and its steps (guard.py)
+    # the one group of a single-kind step, by (id(group), N, T): a steady loop of steps makes one `request.Part`
+    part_memo: dict = field(default_factory=dict)
 
     def stream(self) -> torch.cuda.Stream | None:
         return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None

@@ -24,7 +24,6 @@ from .seqs import as_seq_ids
 KIND_CODE = {k: c for c, k in enumerate(KIND_ORDER)}  # decode 0, verify 1, prefill 2
 _NAMES = np.array([k.value for k in KIND_ORDER])
 _KINDS = {**{k: k for k in KIND_ORDER}, **{k.value: k for k in KIND_ORDER}}
-_PARTS: dict[tuple, "Part"] = {}  # the one group of a single-kind step, by (group, N, T): a steady loop makes one
 
 
 @dataclass(frozen=True)
@@ -127,11 +126,12 @@ def check(parts: StepParts, seqs: object, kind: object, lengths: object, token_i
         parts.adapters.check_step(table.adapter_names_of(adapters))
     if codes is None:
         g = parts.selector.group(one, N, T)
-        p = _PARTS.get((id(g), N, T))
+        memo = parts.part_memo  # the session's own: a closed session's groups and engines go with it
+        p = memo.get((id(g), N, T))
         if p is None or p.group is not g:
-            if len(_PARTS) > 4096:
-                _PARTS.clear()
-            p = _PARTS[(id(g), N, T)] = Part(one, 0, N, 0, T, g)
+            if len(memo) > 4096:
+                memo.clear()
+            p = memo[(id(g), N, T)] = Part(one, 0, N, 0, T, g)
         out = (p,)
     else:
         bounds = np.searchsorted(codes, np.arange(len(KIND_ORDER) + 1)).tolist()

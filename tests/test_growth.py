@@ -4,11 +4,13 @@ same size; released and never-issued ids are still told apart, each with its own
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
 
-from gdn_trt.runtime import request
 from gdn_trt.runtime.seqs import SequenceError
 
 from .test_runtime_support import HC_PLE, LIMITS, PLAIN, inputs, open_session
@@ -85,12 +87,12 @@ def test_add_release_cycles_hold_constant_memory(name, cycles):
     _churn(s, h, ids, 2000)  # warm: caches and counters reach their steady sizes
     # step-layout memos are capped at 4096 entries (cleared past it), not by the limits: a mixed step's parts are
     # new objects each step, so their bound views are added until the cap; checked below, not compared
-    caps = (s._steps.pack.memo, s.selector._memo)
+    caps = (s._steps.pack.memo, s.selector._memo, s._steps.part_memo)
     before = footprint(s, caps)
     released, top = _churn(s, h, ids, cycles)
     after = footprint(s, caps)
     assert after == before
-    assert all(len(c) <= 4097 for c in (*caps, request._PARTS))
+    assert all(len(c) <= 4097 for c in caps)
     assert s.sequences == [] and s.pool.free_slots == LIMITS.max_seqs
     for q in released:
         with pytest.raises(SequenceError, match=f"sequence {q} was released"):
@@ -100,3 +102,15 @@ def test_add_release_cycles_hold_constant_memory(name, cycles):
             s.snapshot(q)
     with pytest.raises(SequenceError, match="is unknown"):
         s.snapshot(-1)
+
+
+def test_a_closed_session_is_not_kept_alive_by_its_steps():
+    """Nothing module-level keeps a session's step layouts (and through them its engines and weights) once the
+    caller drops the session."""
+    s = open_session(PLAIN)
+    h, ids = inputs(s, 8, seed=1)
+    _churn(s, h, ids, 50)
+    ref = weakref.ref(s.selector.engines[0][0])
+    del s
+    gc.collect()
+    assert ref() is None, "the session's engine (and its layer's weights) outlived the session"
