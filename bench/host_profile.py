@@ -4,7 +4,8 @@
 
 The `ours` stack of `bench/runtime.py` (4 Qwen3-Next GDN layers, bf16, CUDA graphs): per N, every step started on
 an idle GPU, the three phases of the batched API timed apart (open: `begin_step`, the request check, index copy and
-PLE staging; run: `step.run`, the graph replay; close: the commit), medians in us; then cProfile over back-to-back
+PLE staging; run: `step.run`, the graph replay; close: the commit), medians in us, with `run(x)` and with the input
+and output in place (`step.input()`, `run(..., copy=False)`); then cProfile over back-to-back
 steps, the functions by own time. Prints only: the figures go into the closing notes of the issue they serve.
 """
 
@@ -20,7 +21,8 @@ import time
 import runtime as rb  # bench/runtime.py: the same session, stack and inputs
 
 
-def phases(o: "rb.Ours", n: int, steps: int) -> dict[str, float]:
+def phases(o: "rb.Ours", n: int, steps: int, static: bool) -> dict[str, float]:
+    """`static`: the step's input and output in place (`step.input()`, `run(..., copy=False)`)."""
     s, seqs = o.sess, o.seqs[:n]
     x = rb.torch.randn(n, o.cfg.stream_dim, device=rb.DEV).to(s.dtype)
     out = {"open": [], "run": [], "close": [], "whole": []}
@@ -30,7 +32,7 @@ def phases(o: "rb.Ours", n: int, steps: int) -> dict[str, float]:
         st = s.begin_step(seqs, "decode")
         st.__enter__()
         t1 = time.perf_counter()
-        st.run(x)
+        st.run(st.input(), copy=False) if static else st.run(x)
         t2 = time.perf_counter()
         st.__exit__(None, None, None)
         t3 = time.perf_counter()
@@ -68,8 +70,10 @@ def main() -> None:
         rb.DEV = "cpu"
     o = rb.Ours(rb.configs(args.smoke)["ours"])
     for n in (int(v) for v in args.n.split(",")):
-        p = phases(o, n, args.steps)
-        print(f"decode N={n}: " + "  ".join(f"{k} {v:.1f} us" for k, v in p.items()), flush=True)
+        for static in (False, True):
+            p = phases(o, n, args.steps, static)
+            print(f"decode N={n}{' in place' if static else ''}: " + "  ".join(f"{k} {v:.1f} us" for k, v in p.items()),
+                  flush=True)
         print(hot(o, n, args.steps, args.top), flush=True)
 
 

@@ -1,12 +1,15 @@
 """The whole runtime step on the H200, per mode and batch, beside Hugging Face's Qwen3-Next GDN layer with FLA.
 
-    python bench/runtime.py [--out DIR] [--deadline 225] [--steps 20] [--only ours,dict,ple,hf] [--smoke]
+    python bench/runtime.py [--out DIR] [--deadline 225] [--steps 20] [--only ours,static,dict,ple,hf] [--smoke]
 
 Stacks (4 GDN layers, bf16 activations, fp32 state, synthetic weights; the session's batched API, `begin_step` +
 `run`, with CUDA graphs for decode):
 - ours:  Qwen3-Next layers (C 2048, H 16, HV 32, K = V 128): decode N in {1, 8, 64, 256}, verify 64 x 4 (with
          `accept` of none), prefill 1 x 4096, varlen 16 x 1024;
 - dict:  the same session through the dict API (`decode({seq: h})`), decode only: what the batched API saves;
+- static: the same session, decode only, with the step's input and output in place: the host writes x into
+         `step.input()` (the graph's fixed input rows; its producer's own write is the host's, not timed here: the
+         rows hold the last step's x) and reads `run(..., copy=False)` (the graph's fixed output): two launches less;
 - ple:   Qwen4-Exp layers (4 hc streams of 2560) with PLE on the second layer, hoisted (the n-gram table shrunk to
          ~81k rows of the real width, so every step's rows are cache hits after the first), and the same stack
          without PLE (`noPLE`): decode N in {1, 8, 64, 256};
@@ -66,7 +69,7 @@ def configs(smoke: bool = False) -> dict[str, GdnConfig]:
                                                                   name="qwen4-exp-4L-ple")
     if not smoke:
         ple = ple.replace(ngram_vocab_size_base=5_000)
-    return {"ours": next4, "dict": next4, "ple": ple, "noPLE": ple.replace(ple_layer_ids=(), name="qwen4-exp-4L")}
+    return {"ours": next4, "static": next4, "dict": next4, "ple": ple, "noPLE": ple.replace(ple_layer_ids=(), name="qwen4-exp-4L")}
 
 
 @dataclass
@@ -173,6 +176,15 @@ class Ours:
             batch = {int(q): x[k:k + 1] for k, q in enumerate(seqs)}
             tok = None if ids is None else {int(q): ids[k:k + 1] for k, q in enumerate(seqs)}
             return lambda: s.decode(batch, tok)
+        if api == "static":
+            with s.begin_step(seqs, kind) as st:  # the rows the next steps read in place hold x
+                st.run(st.input().copy_(x))
+
+            def static():
+                with s.begin_step(seqs, kind) as st:
+                    st.run(st.input(), copy=False)
+
+            return static
 
         def step():
             with s.begin_step(seqs, kind, None if kind == "decode" else L, ids) as st:
@@ -340,6 +352,11 @@ def reading(rows: list[dict]) -> str:
         if bound and r["device_over_floor"]:
             say(r["device_over_floor"] <= bound, f"decode N={n}: device / floor {r['device_over_floor']:.2f} <= "
                 f"{bound}", _dominant(r))
+        st = _get(rows, "static", f"decode {n}")
+        if st:
+            say(st["enqueue_us"] <= 40, f"decode N={n}, input and output in place: host enqueue "
+                f"{st['enqueue_us']:.1f} us <= 40 us; wall / device {st['wall_over_device'] or 0:.2f}",
+                "the open (request check) + graph launch + close (fence event)")
         d = _get(rows, "dict", f"decode {n}")
         if d:
             out.append(f"- decode N={n}: dict API enqueue {d['enqueue_us']:.0f} us against the batched API's "
@@ -374,7 +391,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(17, 4.8))
-    for stack, style in (("ours", "o-"), ("dict", "s--"), ("ple", "^-"), ("noPLE", "v:"), ("hf", "x-")):
+    for stack, style in (("ours", "o-"), ("static", "d-"), ("dict", "s--"), ("ple", "^-"), ("noPLE", "v:"), ("hf", "x-")):
         rs = [r for r in rows if r["stack"] == stack and r["case"].startswith("decode") and not r["error"]]
         if not rs:
             continue
@@ -419,6 +436,8 @@ def plan(only: set[str]) -> list[tuple[str, str]]:
         out += [("ours", c) for c in CASES if c not in dec]
     if "hf" in only:
         out += [("hf", c) for c in CASES]
+    if "static" in only:
+        out += [("static", c) for c in dec]
     if "dict" in only:
         out += [("dict", c) for c in dec]
     return out
@@ -429,7 +448,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--deadline", type=float, default=225.0, help="seconds after which rows not started are skipped")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--only", default="ours,dict,ple,hf")
+    ap.add_argument("--only", default="ours,static,dict,ple,hf")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
     args = ap.parse_args()
     global DEV, NS, CASES
@@ -456,7 +475,7 @@ def main() -> None:
                 skipped.append(f"{stack} {case}: deadline")
                 continue
             try:
-                key = "ours" if stack == "dict" else stack
+                key = "ours" if stack in ("dict", "static") else stack
                 if key not in made:  # the session of "ours" is rebuilt after the PLE pair (fresh pools, positions)
                     made.clear()  # one stack's buffers at a time
                     if DEV == "cuda":
@@ -467,7 +486,7 @@ def main() -> None:
                     meta["hf_kernels"] = made[key].kernels_used()
                 else:
                     row = measure_ours(made[key], stack, case, args.steps, bw["best"],
-                                       "dict" if stack == "dict" else "batched")
+                                       stack if stack in ("dict", "static") else "batched")
             except SystemExit:
                 raise
             except Exception as e:  # noqa: BLE001 - recorded in the results, never hidden

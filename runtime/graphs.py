@@ -1,11 +1,13 @@
 """CUDA-graph cache for decode steps: one entry per (engines, mode, bucket), captured piecewise around vetoed layers.
 
-An entry owns a fixed activation buffer for `bucket` sequences (x; the residual before the first layer is zeros)
-and reads the step's index data where the step put it: the slots (-1 past the step's sequences), cu_seqlens and
+An entry reads a fixed activation buffer for `bucket` sequences (x, one per bucket size, shared by the entries of
+that size: steps run one at a time; the residual before the first layer is zeros) and the step's index data where the step put it: the slots (-1 past the step's sequences), cu_seqlens and
 LoRA slots of a decode group padded to its bucket sit at the start of the session's index buffer
 (`pack.PackBuffers`), the same addresses every step, and its PLE rows at the start of each prestage's fixed buffer,
-padding rows zero, staged when the step opened. A step of N <= bucket sequences copies its x into rows 0..N-1; the
-ops skip the padding slots (padding never writes a pool row). The adapter slot weights are read in place, so
+padding rows zero, staged when the step opened. A step of N <= bucket sequences copies its x into rows 0..N-1 (a host
+that wrote its x there itself, `input_rows`, saves the copy); the ops skip the padding slots (padding never writes a
+pool row). The last captured segment also holds the final residual add, so a replay is one launch and its output
+one fixed buffer, copied out unless the caller takes the view (`run(..., copy=False)`). The adapter slot weights are read in place, so
 adapters uploaded between replays are what the next replay uses. The stack is cut into segments of consecutive
 layers: a segment whose layers have no capture veto is captured once (after a warm-up, with every slot -1, so
 neither warm-up nor capture writes state; the step's slots are put back afterwards) and replayed; a vetoed segment
@@ -47,19 +49,31 @@ class _Segment:
     inp: Packed  # fixed inputs of the segment
     out: Packed | None = None  # graph: the outputs captured; eager: filled by each run
     graph: torch.cuda.CUDAGraph | None = None
+    hidden: Tensor | None = None  # the last segment's graph: its output after the residual add, captured with it
+
+
+@dataclass
+class _Input:
+    """The fixed x [B, stream_dim] of a bucket size and how many of its rows hold a step's data."""
+
+    x: Tensor
+    dirty: int = 0  # rows of x holding a step's data (rows past a smaller next step are zeroed)
 
 
 @dataclass
 class _Entry:
     mode: LayerMode
     bucket: int
-    x: Tensor  # [B, stream_dim]
+    inp: _Input
     residual: Tensor | None  # [B, C] zeros (plain)
     pack: Packing  # the step's padded packing: slots [B] (-1 past the step's sequences), cu [B+1]
     lora_idx: Tensor | None = None  # [B] int32 LoRA slot per token, -1 past the step's
     segments: list[_Segment] = field(default_factory=list)
     gated: bool = False
-    dirty: int = 0  # rows of x holding a step's data (rows past a smaller next step are zeroed)
+
+    @property
+    def x(self) -> Tensor:
+        return self.inp.x
 
 
 class GraphCache:
@@ -69,12 +83,19 @@ class GraphCache:
         self.stack, self.selector, self.stats, self.feeds = stack, selector, stats, feeds
         self._entries: dict[tuple, _Entry] = {}
         self._by_group: dict[int, tuple[Group, tuple]] = {}
+        self._inputs: dict[int, _Input] = {}  # bucket -> its fixed x
         self.host_captures: set[tuple[LayerMode, int, int]] = set()
 
-    def run(self, g: Group, inp: Packed, ctx: StepContext) -> Tensor | None:
+    def input_rows(self, bucket: int, n: int) -> Tensor:
+        """Rows 0..n-1 of the fixed x of `bucket`: a host that writes its step's input there and passes them to
+        `run` saves the copy (they are overwritten by the next step's input)."""
+        return self._input(bucket).x[:n]
+
+    def run(self, g: Group, inp: Packed, ctx: StepContext, copy: bool = True) -> Tensor | None:
         """Run decode group `g` (bucket set, at least one layer captured) on `inp.x [n, stream_dim]` with the step's
-        padded packing and LoRA slots (`inp`) and PLE rows (`ctx`); returns the hidden state `[n, ...]`, or None when
-        the capture failed (the bucket then runs eagerly from now on: the caller runs the step eagerly)."""
+        padded packing and LoRA slots (`inp`) and PLE rows (`ctx`); returns the hidden state `[n, ...]` (a fresh
+        tensor; `copy=False`: rows of the fixed output buffer, overwritten by the next replay), or None when the
+        capture failed (the bucket then runs eagerly from now on: the caller runs the step eagerly)."""
         hit = self._by_group.get(id(g))  # the selector memoizes groups: a steady loop finds its entry by identity
         if hit is not None and hit[0] is g:
             key, entry = hit[1], self._entries.get(hit[1])
@@ -97,9 +118,10 @@ class GraphCache:
                 self._by_group.clear()
             self._by_group[id(g)] = (g, key)
         n = inp.x.shape[0]
-        self._fill(entry, inp.x, n)
+        self._fill(entry.inp, inp.x, n)
         if entry.gated:
-            return self._replay(entry, ctx)[:n].clone()
+            out = self._replay(entry, ctx)[:n]
+            return out.clone() if copy else out
         return self._gate(key, entry, ctx, inp.pack.slots[:n])
 
     def replayable(self, bucket: int) -> list[torch.cuda.CUDAGraph] | None:
@@ -114,9 +136,10 @@ class GraphCache:
     # ---- building ----
     def _build(self, g: Group, inp: Packed, ctx: StepContext) -> _Entry:
         B, cfg, dev = g.bucket, self.stack.cfg, self.stack.pool.device
-        x = torch.zeros((B, cfg.stream_dim), dtype=self.stack.pool.spec.act_dtype, device=dev)
+        fixed = self._input(B)
+        x = fixed.x
         residual = None if cfg.is_hc else torch.zeros((B, cfg.hidden_size), dtype=x.dtype, device=dev)
-        entry = _Entry(g.mode, B, x, residual, inp.pack, inp.lora_idx)
+        entry = _Entry(g.mode, B, fixed, residual, inp.pack, inp.lora_idx)
         seg_in = Packed(x, residual, entry.pack, entry.lora_idx)
         mempool = torch.cuda.graph_pool_handle()
         saved = entry.pack.slots.clone()  # the step's slots: the warm-ups and the capture run with every slot -1
@@ -129,7 +152,7 @@ class GraphCache:
                     end += 1
                 seg = _Segment(g.engines[k:end], captured, seg_in)
                 if captured:
-                    self._capture(entry, seg, ctx, mempool)
+                    self._capture(entry, seg, ctx, mempool, last=end == len(g.engines))
                     seg_in = seg.out
                 else:
                     seg_in = Packed(torch.zeros_like(x), None if residual is None else torch.zeros_like(residual),
@@ -140,8 +163,17 @@ class GraphCache:
             entry.pack.slots.copy_(saved)
         return entry
 
-    def _capture(self, entry: _Entry, seg: _Segment, ctx: StepContext, mempool: tuple) -> None:
-        """Warm up and capture one segment with every slot -1 (nothing is written), reading fixed PLE buffers."""
+    def _input(self, bucket: int) -> _Input:
+        fixed = self._inputs.get(bucket)
+        if fixed is None:
+            cfg, pool = self.stack.cfg, self.stack.pool
+            x = torch.zeros((bucket, cfg.stream_dim), dtype=pool.spec.act_dtype, device=pool.device)
+            fixed = self._inputs[bucket] = _Input(x)
+        return fixed
+
+    def _capture(self, entry: _Entry, seg: _Segment, ctx: StepContext, mempool: tuple, last: bool) -> None:
+        """Warm up and capture one segment with every slot -1 (nothing is written), reading fixed PLE buffers; the
+        stack's last segment with the final residual add."""
         ctx = StepContext(ctx.rows, None, None)
         entry.pack.slots.fill_(-1)
         side = torch.cuda.Stream(self.stack.pool.device)
@@ -153,15 +185,19 @@ class GraphCache:
         seg.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(seg.graph, pool=mempool):
             seg.out = self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
+            if last:
+                seg.hidden = Stack.hidden(seg.out)
 
     # ---- running ----
-    def _fill(self, entry: _Entry, x: Tensor, n: int) -> None:
-        """Copy a step's n rows into the fixed x; rows a larger earlier step left are zeroed (padding computes on
-        zeros, never on another step's data)."""
-        entry.x[:n].copy_(x)
-        if entry.dirty > n:
-            entry.x[n:entry.dirty].zero_()
-        entry.dirty = n
+    @staticmethod
+    def _fill(fixed: _Input, x: Tensor, n: int) -> None:
+        """Copy a step's n rows into the fixed x (unless x is those rows); rows a larger earlier step left are zeroed
+        (padding computes on zeros, never on another step's data)."""
+        if x.data_ptr() != fixed.x.data_ptr() or x.stride() != fixed.x.stride():
+            fixed.x[:n].copy_(x)
+        if fixed.dirty > n:
+            fixed.x[n:fixed.dirty].zero_()
+        fixed.dirty = n
 
     def _replay(self, entry: _Entry, ctx: StepContext) -> Tensor:
         out = None
@@ -174,6 +210,8 @@ class GraphCache:
                 seg.graph.replay()
                 out = seg.out
                 self.stats.replays += 1
+                if seg.hidden is not None:
+                    return seg.hidden
             else:
                 out = self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
         return Stack.hidden(out)

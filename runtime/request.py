@@ -120,7 +120,8 @@ def check(parts: StepParts, seqs: object, kind: object, lengths: object, token_i
         np.cumsum(L, out=cu[1:])
         T = int(cu[-1])
     ids = _token_ids(parts, token_ids, T)
-    cap = _capture(capture_at, np.full(N, KIND_CODE[one]) if codes is None else codes, L, seqs)
+    cap = None if capture_at is None else _capture(capture_at, np.full(N, KIND_CODE[one]) if codes is None else codes,
+                                                   L, seqs)
     adapters = table.adapter[slots] if table.bound else None
     if adapters is not None and parts.adapters is not None and (adapters >= 0).any():
         parts.adapters.check_step(table.adapter_names_of(adapters))
@@ -186,8 +187,6 @@ def _token_ids(parts: StepParts, token_ids: object, T: int) -> np.ndarray | None
 
 
 def _capture(capture_at: object, codes: np.ndarray, L: np.ndarray, seqs: np.ndarray) -> np.ndarray | None:
-    if capture_at is None:
-        return None
     cap = _ints(capture_at, codes.size, "capture_at")
     bad = (cap != -1) & ((codes != 2) | (cap < 0) | (cap > L))
     if bad.any():

@@ -80,12 +80,20 @@ class _Bound:
 
 def open_step(parts: StepParts, spec: StepSpec) -> "Step":
     """Bind, pack and stage a checked step (see the module docstring)."""
-    stream = parts.stream()
+    stream = parts.stream() if parts.adapters is not None or parts.feeds is not None else None  # those need it
     lora_tok = None
     if parts.adapters is not None:
         lora_tok = _lora_per_token(parts, spec, stream)
     pk = parts.pack
     h = pk.host()
+    p = spec.parts[0]
+    if len(spec.parts) == 1 and p.kind is StepKind.DECODE and lora_tok is None:  # the steady loop: slots only
+        pad = 0 if p.group.bucket is None else p.group.bucket - p.n
+        h[:p.n] = spec.slots  # the slots region is first
+        h[p.n:p.n + pad] = -1
+        pk.send(p.n + pad)
+        b, c = _bind(parts, spec, False, 0, p, pad, 0, 0, 0, 0, stream)
+        return Step(parts, spec, [b], [c])
     o_slots, o_cu, o_cap, o_lora = pk.offsets
     seq_at = tok_at = cu_at = cap_at = 0
     extent = 0
@@ -194,7 +202,7 @@ class Step:
         self._p, self._spec, self._binds, self._carries = parts, spec, binds, carries
         self.seqs, self.lengths, self.tokens = spec.seqs, spec.lengths, spec.tokens
         self.bucket = binds[0].part.group.bucket if len(binds) == 1 else None
-        self._layers = parts.cfg.gdn_layer_ids
+        self._layers = parts.stack.layer_ids
         self._next = 0  # position in _layers of the next layer to call
         self._ran = False  # some layer ran: the pools may have been written
         self._captured = False  # layer calls recorded by a CUDA-graph capture
@@ -223,17 +231,30 @@ class Step:
         return (out.x, out.residual) if residual is not None or self._p.stack.partial else out.x + out.residual
 
     @guarded
-    def run(self, x: Tensor) -> Tensor:
+    def input(self) -> Tensor:
+        """A tensor [tokens, stream_dim] to write this step's input into before `run`: for a decode step with a
+        CUDA-graph bucket, rows of the graph's fixed input, so that `run` reads them in place and copies nothing in
+        (a later step overwrites them); otherwise a new tensor."""
+        self._open()
+        cfg, p = self._p.cfg, self._p
+        b = self._binds[0]
+        if len(self._binds) == 1 and b.part.group.bucket is not None and b.part.group.path != "eager":
+            return p.graphs.input_rows(b.part.group.bucket, self.tokens)
+        return torch.empty((self.tokens, cfg.stream_dim), dtype=p.dtype, device=p.device)
+
+    @guarded
+    def run(self, x: Tensor, copy: bool = True) -> Tensor:
         """Every GDN layer in turn on x [tokens, stream_dim] (a stack of GDN layers only: nothing of the host's
         runs between them) -> the hidden state after the last layer (plain: its residual added; hc: the streams).
-        A decode group replays its CUDA graph where it has one."""
+        A decode group replays its CUDA graph where it has one; `copy=False` then returns rows of the graph's fixed
+        output instead of a copy (valid until the session's next step runs: one launch less per step)."""
         self._turn(self._layers[0] if self._layers else -1)
         self._check_x(x, self._p.cfg.stream_dim, allow_pad=False)
         outs = []
         self._ran = True
         for b in self._binds:
             xg = x[b.part.t0:b.part.t1] if len(self._binds) > 1 else x
-            outs.append(self._run_group(b, xg))
+            outs.append(self._run_group(b, xg, copy))
         self._next = len(self._layers)
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
@@ -375,10 +396,10 @@ class Step:
         """A zero residual for the first add of a plain layer called with the hidden state (never written)."""
         return self._p.stack.zeros(rows)
 
-    def _run_group(self, b: _Bound, x: Tensor) -> Tensor:
+    def _run_group(self, b: _Bound, x: Tensor, copy: bool) -> Tensor:
         p, g = self._p, b.part.group
         if g.bucket is not None and g.path != "eager":
-            out = p.graphs.run(g, Packed(x, None, b.pack_pad, b.lora_pad), b.ctx_pad)
+            out = p.graphs.run(g, Packed(x, None, b.pack_pad, b.lora_pad), b.ctx_pad, copy)
             if out is not None:
                 return out
         inp, ctx = b.inputs(x, None if p.cfg.is_hc else self._zero_rows(x.shape[0]))

@@ -78,7 +78,7 @@ class Batched:
         return dict(zip(seqs, torch.split(out, lengths.tolist()))), st.captures
 
     def _layers(self, st, x):
-        if st.bucket is not None and st.bucket > x.shape[0] and self.how != "run":
+        if st.bucket is not None and st.bucket > x.shape[0] and self.how not in ("run", "static"):
             # the host pads to the bucket (run takes the step's rows only); its NaN padding never leaks
             self.padded += 1
             xp = torch.full((st.bucket, x.shape[1]), self.fill, dtype=x.dtype, device=x.device)
@@ -90,6 +90,11 @@ class Batched:
         cfg = self.s.cfg
         if self.how == "run":
             return st.run(x)
+        if self.how == "static":  # the host writes into the step's input rows and reads the fixed output in place
+            buf = st.input()
+            assert buf.shape == x.shape and buf.dtype == x.dtype and buf.device == x.device
+            buf.copy_(x)
+            return st.run(buf, copy=False).clone()
         if self.how == "residual" and not cfg.is_hc:
             res = torch.zeros_like(x)
             for i in cfg.gdn_layer_ids:
@@ -137,8 +142,8 @@ def _scenario(step, accept, add, release, sess, tmp_adapters: bool):
 
 
 CASES = [pytest.param(n, lim, how, id=f"{tag}-{how}")
-         for n, lim, tag, hows in ((PLAIN, LIMITS, "plain", ("run", "hidden", "residual")),
-                                   (HC_PLE, LIMITS, "hc+ple", ("run", "hidden")), (PLAIN, LORA, "lora", ("run", "hidden")),
+         for n, lim, tag, hows in ((PLAIN, LIMITS, "plain", ("run", "static", "hidden", "residual")),
+                                   (HC_PLE, LIMITS, "hc+ple", ("run", "static", "hidden")), (PLAIN, LORA, "lora", ("run", "hidden")),
                                    (MIXER_ONLY, LIMITS, "next", ("run", "mixer")))
          for how in hows]
 
@@ -167,7 +172,7 @@ def test_batched_equals_dict_bit_for_bit(name, limits, how, tmp_path):
     assert fingerprint(ref) == fingerprint(bat)
 
 
-@pytest.mark.parametrize("name,limits,how", [c for c in CASES if c.values[2] != "run"])
+@pytest.mark.parametrize("name,limits,how", [c for c in CASES if c.values[2] not in ("run", "static")])
 def test_padded_layer_calls(name, limits, how, tmp_path):
     """Decode steps padded to a bucket (the host pads its rows as a captured graph would): padding content never
     reaches a real row or any state (NaN padding and zero padding agree bit for bit), and the result equals the
@@ -335,11 +340,13 @@ GPU_CASES = [pytest.param(n, d, id=f"{tag}-{str(d)[6:]}") for n, tag in ((PLAIN,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("how", ["run", "static"])
 @pytest.mark.parametrize("name,dtype", GPU_CASES)
-def test_batched_equals_dict_on_the_gpu(name, dtype):
-    """The whole scenario (every kind, a mixed step, decode groups replayed from CUDA graphs at buckets 3 and 6)."""
+def test_batched_equals_dict_on_the_gpu(name, dtype, how):
+    """The whole scenario (every kind, a mixed step, decode groups replayed from CUDA graphs at buckets 3 and 6);
+    `static`: the input written into the graph's fixed rows (`step.input()`), the output read in place."""
     ref, bat = _gpu(name, dtype), _gpu(name, dtype)
-    want, got = _dict_run(ref, False), _batched_run(Batched(bat, "run"), False)
+    want, got = _dict_run(ref, False), _batched_run(Batched(bat, how), False)
     for k, (w, g) in enumerate(zip(want, got)):
         assert torch.equal(w.cpu(), g.cpu()), f"output {k} differs"
     assert all(torch.equal(a, b) for a, b in zip(_state(ref), _state(bat)))
@@ -409,3 +416,53 @@ def test_an_engine_covering_consecutive_layers_runs_once():
         with pytest.raises(NoEngineError, match="runs its layer alone"):
             st.layer(0, h[:2])
         st.run(h[:2])
+
+
+@pytest.mark.gpu
+def test_fixed_input_and_output_rows_of_a_graph_step():
+    """`step.input()` of a decode step with a bucket is the graph's fixed input (run copies nothing in: the rows
+    hold the step's x); `run(copy=False)` returns rows of the graph's fixed output, equal to the copied result of a
+    twin session and overwritten by the next step; a step without a bucket gets a fresh input tensor."""
+    ref, bat = _gpu(PLAIN, torch.float32), _gpu(PLAIN, torch.float32)
+    h, _ = inputs(ref, 8, seed=11)
+    h = h.to("cuda")
+    for sess in (ref, bat):
+        qs = np.array([sess.add_sequence() for _ in range(3)])
+        sess.prefill_batch({int(q): Prompt(h[k:k + 2]) for k, q in enumerate(qs)})
+    views = []
+    for t in range(3, 6):
+        x = h[t:t + 3]
+        with ref.begin_step(qs, "decode") as st:
+            want = st.run(x)
+        with bat.begin_step(qs, "decode") as st:
+            buf = st.input()
+            buf.copy_(x)
+            got = st.run(buf, copy=False)
+            assert torch.equal(buf, x), "run wrote into the step's input rows"
+        assert torch.equal(got, want), f"step {t}"
+        views.append((got, want))
+    assert views[0][0].data_ptr() == views[-1][0].data_ptr()  # one fixed output
+    assert torch.equal(views[0][0], views[-1][1]) and not torch.equal(views[0][1], views[-1][1])
+    assert all(torch.equal(a, b) for a, b in zip(_state(ref), _state(bat)))
+    with bat.begin_step(qs[:1], "prefill", np.array([3])) as st:
+        fresh = st.input()
+        assert fresh.shape == (3, bat.cfg.stream_dim) and fresh.data_ptr() != buf.data_ptr()
+        st.run(fresh.copy_(h[:3]))
+
+
+def test_a_steady_decode_loop_sends_its_index_data_once():
+    """The step's index data goes to the device only when it differs from what the device holds: a loop of the same
+    sequences copies once, a different set copies again (a prefix of the entries the device holds does not), and
+    the device's slots are the step's every time (the
+    results equal the dict API's bit for bit: `test_batched_equals_dict_bit_for_bit`)."""
+    s = open_session(PLAIN)
+    h, _ = inputs(s, 8, seed=2)
+    qs = np.array([s.add_sequence() for _ in range(3)])
+    pk = s._steps.pack
+    for t, sub in enumerate((qs, qs, qs, qs[1:], qs[1:], qs, qs[:2])):
+        before = pk.copies
+        with s.begin_step(sub, "decode") as st:
+            st.run(h[t:t + sub.size])
+            slots = pk.dev[:sub.size].tolist()
+        assert slots == [s._seqs.slot(int(q)) for q in sub], f"step {t}"
+        assert pk.copies - before == (1 if t in (0, 3, 5) else 0), f"step {t}"
