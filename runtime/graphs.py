@@ -120,7 +120,8 @@ class GraphCache:
         n = inp.x.shape[0]
         self._fill(entry.inp, inp.x, n)
         if entry.gated:
-            out = self._replay(entry, ctx)[:n]
+            out = self._replay(entry, ctx)
+            out = out if n == entry.bucket else out[:n]  # a view costs a call: about 3 us on the H200's host
             return out.clone() if copy else out
         return self._gate(key, entry, ctx, inp.pack.slots[:n])
 

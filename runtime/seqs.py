@@ -119,6 +119,8 @@ class SeqTable:
         self.live_id = np.full(S, -1, dtype=np.int64)
         self.blocked = np.zeros(S, dtype=bool)
         self.ready = np.full(S, -1, dtype=np.int64)  # live_id where the sequence may step (not blocked), else -1
+        self.version = 0  # counts the changes of `ready` (add, remove, block): a request checked at one version
+        #                   still holds while it stands
         self.bound = 0  # live sequences bound to an adapter (0: a step skips the adapter lookup)
         self._mark = np.zeros(S, dtype=np.int64)
         self._at = np.arange(1, S + 1, dtype=np.int64)
@@ -141,6 +143,7 @@ class SeqTable:
         self.blocked[slot] = False
         self.fail_reason.pop(slot, None)
         self.live_id[slot] = self.ready[slot] = (self.gen[slot] - 1) * self.S + slot
+        self.version += 1
         self.bound += adapter is not None
         return int(self.live_id[slot])
 
@@ -150,6 +153,7 @@ class SeqTable:
         self.bound -= bool(self.adapter[slot] >= 0)
         self.live[slot] = False
         self.live_id[slot] = self.ready[slot] = -1
+        self.version += 1
         self.pend_epoch[slot] = -1
         self.failed[slot] = False
         self.blocked[slot] = False
@@ -203,6 +207,7 @@ class SeqTable:
         """Recompute `blocked` (and `ready`) for `slots` after their pending verify or failure changed."""
         self.blocked[slots] = b = (self.pend_epoch[slots] >= 0) | self.failed[slots]
         self.ready[slots] = np.where(b, -1, self.live_id[slots])
+        self.version += 1
 
     def steppable(self, seqs: np.ndarray) -> np.ndarray:
         """Slots of `seqs [N]`, each live, distinct and free to step (no pending verify, not failed): one gather and

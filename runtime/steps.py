@@ -89,9 +89,11 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
     p = spec.parts[0]
     if len(spec.parts) == 1 and p.kind is StepKind.DECODE and lora_tok is None:  # the steady loop: slots only
         pad = 0 if p.group.bucket is None else p.group.bucket - p.n
-        h[:p.n] = spec.slots  # the slots region is first
-        h[p.n:p.n + pad] = -1
-        pk.send(p.n + pad)
+        if parts.last.get("held") is not spec:  # else the device holds this very request's index data
+            h[:p.n] = spec.slots  # the slots region is first
+            h[p.n:p.n + pad] = -1
+            pk.send(p.n + pad)
+            parts.last["held"] = spec
         b, c = _bind(parts, spec, False, 0, p, pad, 0, 0, 0, 0, stream)
         return Step(parts, spec, [b], [c])
     o_slots, o_cu, o_cap, o_lora = pk.offsets
@@ -121,6 +123,7 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
         if p.kind is StepKind.PREFILL:
             cap_at += n
     pk.send(extent)
+    parts.last["held"] = spec
     window = _stash_window(parts, spec)
     binds, carries = [], []
     for lay in layout:
@@ -409,6 +412,12 @@ class Step:
         p, spec = self._p, self._spec
         fence = p.pool.fence(p.stream())
         table = p.seqs
+        b = self._binds[0]
+        if len(self._binds) == 1 and b.part.kind is StepKind.DECODE and not self._carries[0]:  # the steady loop
+            table.position[spec.slots] += 1
+            p.stats.kinds[StepKind.DECODE].add(b.part.group)
+            p.pool.mark_written(spec.slots, fence)
+            return
         written = []
         for b, carries in zip(self._binds, self._carries):
             part = b.part

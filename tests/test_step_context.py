@@ -441,8 +441,9 @@ def test_fixed_input_and_output_rows_of_a_graph_step():
             assert torch.equal(buf, x), "run wrote into the step's input rows"
         assert torch.equal(got, want), f"step {t}"
         views.append((got, want))
-    assert views[0][0].data_ptr() == views[-1][0].data_ptr()  # one fixed output
-    assert torch.equal(views[0][0], views[-1][1]) and not torch.equal(views[0][1], views[-1][1])
+    # the first step of the bucket captured it and returned the acceptance gate's copy; the later ones the fixed rows
+    assert views[1][0].data_ptr() == views[2][0].data_ptr()
+    assert torch.equal(views[1][0], views[2][1]) and not torch.equal(views[1][1], views[2][1])
     assert all(torch.equal(a, b) for a, b in zip(_state(ref), _state(bat)))
     with bat.begin_step(qs[:1], "prefill", np.array([3])) as st:
         fresh = st.input()
@@ -466,3 +467,41 @@ def test_a_steady_decode_loop_sends_its_index_data_once():
             slots = pk.dev[:sub.size].tolist()
         assert slots == [s._seqs.slot(int(q)) for q in sub], f"step {t}"
         assert pk.copies - before == (1 if t in (0, 3, 5) else 0), f"step {t}"
+
+
+def test_a_repeated_decode_request_is_checked_again_after_any_change():
+    """The steady loop reuses its checked request (`request._repeat`) only while nothing that decides who may step
+    changed: a pending verify, a release, a failure, or the caller's array rewritten in place are each refused or
+    seen, with nothing changed."""
+    s = open_session(PLAIN)
+    h, _ = inputs(s, 12, seed=4)
+    qs = np.array([s.add_sequence() for _ in range(3)])
+
+    def decode(ids, t):
+        with s.begin_step(ids, "decode") as st:
+            st.run(h[t:t + ids.size])
+        return st
+
+    assert decode(qs, 0)._spec is decode(qs, 1)._spec  # the second step reused the first one's checked request
+    with s.begin_step(qs[1:2], "verify", np.array([2])) as st:
+        st.run(h[2:4])
+    before = fingerprint(s)
+    with pytest.raises(SequenceError, match=f"sequence {qs[1]} has an unaccepted verify"):
+        s.begin_step(qs, "decode")
+    assert fingerprint(s) == before
+    s.accept({int(qs[1]): 0})
+    decode(qs, 4)
+    s.release(int(qs[2]))
+    with pytest.raises(SequenceError, match=f"sequence {qs[2]}"):
+        s.begin_step(qs, "decode")
+    ids = qs[:2].copy()
+    decode(ids, 5)
+    ids[1] = ids[0]  # the same array object, rewritten: a repeat no more
+    with pytest.raises(ValueError, match="appears twice"):
+        s.begin_step(ids, "decode")
+    with pytest.raises(RuntimeError):
+        with s.begin_step(qs[:2], "decode") as st:
+            st.run(h[6:8])
+            raise RuntimeError("the host's model failed after the layers ran")
+    with pytest.raises(SequenceError, match="failed in an earlier step"):
+        s.begin_step(qs[:2], "decode")
