@@ -130,14 +130,7 @@ def check(parts: StepParts, seqs: object, kind: object, lengths: object, token_i
     if adapters is not None and parts.adapters is not None and (adapters >= 0).any():
         parts.adapters.check_step(table.adapter_names_of(adapters))
     if codes is None:
-        g = parts.selector.group(one, N, T)
-        memo = parts.part_memo  # the session's own: a closed session's groups and engines go with it
-        p = memo.get((id(g), N, T))
-        if p is None or p.group is not g:
-            if len(memo) > 4096:
-                memo.clear()
-            p = memo[(id(g), N, T)] = Part(one, 0, N, 0, T, g)
-        out = (p,)
+        out = (_part(parts, one, 0, N, 0, T),)
         if one is StepKind.DECODE and ids is None and cap is None and adapters is None:
             spec = StepSpec(seqs.copy(), slots, L, cu, ids, cap, adapters, out)  # the caller may reuse its array
             parts.last["decode"] = (spec, table.version, spec.seqs.tobytes())
@@ -149,9 +142,23 @@ def check(parts: StepParts, seqs: object, kind: object, lengths: object, token_i
             s0, s1 = bounds[c], bounds[c + 1]
             if s1 > s0:
                 t0, t1 = int(cu[s0]), int(cu[s1])
-                out.append(Part(kind_, s0, s1, t0, t1, parts.selector.group(kind_, s1 - s0, t1 - t0)))
+                out.append(_part(parts, kind_, s0, s1, t0, t1))
         out = tuple(out)
     return StepSpec(seqs, slots, L, cu, ids, cap, adapters, out)
+
+
+def _part(parts: StepParts, kind: StepKind, s0: int, s1: int, t0: int, t1: int) -> Part:
+    """The group [s0, s1) of a step, the same `Part` object for the same layout and selection (the step's device
+    views are memoized by it: `steps._bind`)."""
+    g = parts.selector.group(kind, s1 - s0, t1 - t0)
+    memo = parts.part_memo  # the session's own: a closed session's groups and engines go with it
+    key = (id(g), s0, s1, t0, t1)
+    p = memo.get(key)
+    if p is None or p.group is not g:
+        if len(memo) > 4096:  # prefill layouts vary without bound
+            memo.clear()
+        p = memo[key] = Part(kind, s0, s1, t0, t1, g)
+    return p
 
 
 def _repeat(parts: StepParts, seqs: object) -> StepSpec | None:

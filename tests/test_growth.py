@@ -85,8 +85,8 @@ def test_add_release_cycles_hold_constant_memory(name, cycles):
     s = open_session(name)
     h, ids = inputs(s, 8, seed=1)
     _churn(s, h, ids, 2000)  # warm: caches and counters reach their steady sizes
-    # step-layout memos are capped at 4096 entries (cleared past it), not by the limits: a mixed step's parts are
-    # new objects each step, so their bound views are added until the cap; checked below, not compared
+    # step-layout memos are capped at 4096 entries (cleared past it), not by the limits: prefill token counts vary
+    # without bound, so new layouts are added until the cap; checked below, not compared
     caps = (s._steps.pack.memo, s.selector._memo, s._steps.part_memo)
     before = footprint(s, caps)
     released, top = _churn(s, h, ids, cycles)

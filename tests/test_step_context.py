@@ -505,3 +505,17 @@ def test_a_repeated_decode_request_is_checked_again_after_any_change():
             raise RuntimeError("the host's model failed after the layers ran")
     with pytest.raises(SequenceError, match="failed in an earlier step"):
         s.begin_step(qs[:2], "decode")
+
+
+def test_a_repeated_mixed_step_reuses_its_layout():
+    """A mixed step of the same layout binds the same device views: the layout memos do not grow step by step."""
+    s = open_session(PLAIN)
+    h, _ = inputs(s, 40, seed=6)
+    a, b, c = (s.add_sequence() for _ in range(3))
+    s.prefill_batch({a: Prompt(h[:2]), b: Prompt(h[2:4])})
+    sizes = []
+    for t in range(4):
+        with s.begin_step(np.array([a, b, c]), ["decode", "decode", "prefill"], np.array([1, 1, 2])) as st:
+            st.run(h[4 + 4 * t:8 + 4 * t])
+        sizes.append((len(s._steps.pack.memo), len(s._steps.part_memo)))
+    assert sizes[1:] == sizes[:1] * 3, sizes
