@@ -19,7 +19,6 @@ Writes `<out>/<date>-gemm.{json,md,png}`.
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 import time
@@ -131,11 +130,14 @@ def apply_table(best: dict[int, tuple[C, float, float]], date: str) -> None:
     body = src.index("(\n", head) + 2
     end = src.index("\n)\n", body) + 1
     src = src[:body] + lines + src[end:]
-    src = re.sub(r"# \(largest M, config\).*\n", f"# (largest M, config): the first entry whose M bound holds is used; "
-                 f"measured on the H200 {date}\n# (bench/results/{date}-gemm-sweep.md)\n", src, count=1)
+    start = src.index("# (largest M, config)")
+    src = src[:start] + ("# (largest M, config): the first entry whose M bound holds is used; the winners of the sweep on "
+                         f"the H200,\n# {date} (bench/results/{date}-gemm-sweep.md)\n") + src[src.index("TABLE: tuple["):]
     (root / "gemm.py").write_text(src)
     op_src = (root / "op.py").read_text()
-    (root / "op.py").write_text(re.sub(r"GEMM_MAX_M = \d+", f"GEMM_MAX_M = {table[-1][0]}", op_src, count=1))
+    at = op_src.index("GEMM_MAX_M = ")
+    op_src = op_src[:at] + f"GEMM_MAX_M = {table[-1][0]}" + op_src[op_src.index("\n", at):]
+    (root / "op.py").write_text(op_src)
     gemm.TABLE = tuple((m, c) for m, c, _ in table)
     glue.GEMM_MAX_M = table[-1][0]
     print("applied table", gemm.TABLE, "crossover", glue.GEMM_MAX_M, flush=True)

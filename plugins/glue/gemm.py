@@ -14,8 +14,9 @@ from L2) and accumulating in fp32:
 Deterministic: each output element is one program's fixed-order sum (no atomics, no split-K), so a CUDA-graph replay
 equals the eager call bit for bit. Weight rows past N are wrapped (`% N`) instead of masked, so every weight load is
 unmasked and vectorised (only the store is masked); token rows past M are masked, so they read nothing. `TABLE`
-holds the measured launch per M bucket; `op.linear` sends a call here only where it beat cuBLAS (`op.GEMM_MAX_M`,
-`op.GEMM_MIN_N`), and only in bf16 and fp16 (fp32 operands take IEEE dots: the interpreter tests).
+holds the launch per M bucket and `op.GEMM_MAX_M` the crossover with cuBLAS, both written by
+`bench/gemm.py --sweep --apply` on the H200; `op.linear` sends a call here only below the crossover
+(and N >= `op.GEMM_MIN_N`), in bf16 and fp16 (fp32 operands take IEEE dots: the interpreter tests).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class Config:
             raise ValueError(f"the FMA form holds a [BM, BN, BK] product in registers: BM <= 4, got {self}")
 
 
-# (largest M, config): the first entry whose M bound holds is used
+# (largest M, config): the first entry whose M bound holds is used. Provisional, not yet timed: tiles that compile
+# for sm_90 without spills in <= 96 KB of shared memory (tests/test_glue_gemm.py); the sweep replaces them
 TABLE: tuple[tuple[int, Config], ...] = (
     (1, Config(1, 16, 512, 4, 4, dot=False)),
     (16, Config(16, 32, 256, 4, 4)),

@@ -25,9 +25,11 @@ from . import naive
 from .io import PleNorms, check_rows, check_same, check_vector
 
 _BACKENDS = library.Backends(naive, "gdn_trt.plugins.glue.triton")
-# the skinny GEMM (gemm.py) takes a projection when M <= GEMM_MAX_M and N >= GEMM_MIN_N: where it beat cuBLAS on the
-# H200 (bench/results/2026-12-03-gemm.md); below GEMM_MIN_N its N-tiles cannot fill the SMs (no split-K)
-GEMM_MAX_M = 64
+# the skinny GEMM (gemm.py) takes a projection when 1 <= M <= GEMM_MAX_M and N >= GEMM_MIN_N. GEMM_MAX_M is the
+# crossover with cuBLAS on the H200, written here by `bench/gemm.py --sweep --apply`; 0 (every call to F.linear) until
+# that run: the kernel is checked (interpreter, sm_90 compile) but not yet timed. Below GEMM_MIN_N its N-tiles
+# cannot fill the 132 SMs (no split-K).
+GEMM_MAX_M = 0
 GEMM_MIN_N = 1024
 _GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
