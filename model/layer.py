@@ -44,6 +44,12 @@ def weight_shapes(cfg: GdnConfig, layer_idx: int) -> dict[str, tuple[tuple[int, 
     return out
 
 
+def _linear(x: Tensor, w: Tensor, fused: bool) -> Tensor:
+    """x w^T: on the fused path `glue.linear` (the skinny Triton GEMM for decode-sized calls on CUDA, F.linear
+    otherwise), else F.linear, the op torch.export and torch.compile trace."""
+    return glue.linear(x, w) if fused else F.linear(x, w)
+
+
 class _Part(nn.Module):
     """Buffers of one weights dataclass, registered under the dataclass field names."""
 
@@ -318,7 +324,7 @@ class GdnLayer(nn.Module):
         cfg, m = self.cfg, self.mixer
         T, H, HV = h.shape[0], cfg.linear_num_key_heads, cfg.linear_num_value_heads
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        proj = io.adapt(F.linear(h, m.in_proj), h, self._by_proj[Proj.IN_PROJ])
+        proj = io.adapt(_linear(h, m.in_proj, fused), h, self._by_proj[Proj.IN_PROJ])
         qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
         qkv = io.conv("conv", qkv, ConvParams(m.conv, 1, Activation.SILU))
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
@@ -328,16 +334,16 @@ class GdnLayer(nn.Module):
         o = norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
         o = o.reshape(T, cfg.value_dim)
         last = self.mlp is None if last is None else last
-        return self._reduce(io.adapt(F.linear(o, m.out_proj), o, self._by_proj[Proj.OUT_PROJ]), last)
+        return self._reduce(io.adapt(_linear(o, m.out_proj, fused), o, self._by_proj[Proj.OUT_PROJ]), last)
 
     def _mlp(self, h: Tensor, io: _Io, fused: bool) -> Tensor:
-        gate_up = io.adapt(F.linear(h, self.mlp.gate_up), h, self._by_proj[Proj.GATE_UP])
+        gate_up = io.adapt(_linear(h, self.mlp.gate_up, fused), h, self._by_proj[Proj.GATE_UP])
         if fused:
             act = glue.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
-        return self._reduce(io.adapt(F.linear(act, self.mlp.down), act, self._by_proj[Proj.DOWN]), True)
+        return self._reduce(io.adapt(_linear(act, self.mlp.down, fused), act, self._by_proj[Proj.DOWN]), True)
 
     def _hc_sublayer(self, streams: Tensor, adds: tuple[Tensor, ...], hc: _Part, sublayer, fused: bool,
                      partial: bool = False) -> StepOutput:
@@ -349,7 +355,7 @@ class GdnLayer(nn.Module):
         n, C, eps = self.cfg.hc_count, self.cfg.hidden_size, self.cfg.rms_norm_eps
         if fused:
             hn, streams, logits = glue.hc_norm(streams, adds, hc.norm, hc.inject, eps)
-            x = glue.hc_mix(hn, F.linear(glue.silu_div(F.linear(hn, hc.down), n), hc.up), n)
+            x = glue.hc_mix(hn, glue.linear(glue.silu_div(glue.linear(hn, hc.down), n), hc.up), n)
             if partial:  # 0 + inj * y: the inject kernel's own rounding of the delta
                 return StepOutput(glue.hc_inject(torch.zeros_like(streams), logits, sublayer(x)), streams)
             return StepOutput(glue.hc_inject(streams, logits, sublayer(x)))
@@ -373,7 +379,7 @@ class GdnLayer(nn.Module):
         e = rows.reshape(T, cfg.ple_embed_dim).to(streams.dtype)
         conv = ConvParams(p.conv, cfg.ple_dilation, Activation.SILU)
         if fused:
-            gv, u = glue.ple_gate(F.linear(e, p.key_proj), F.linear(e, p.value_proj), streams,
+            gv, u = glue.ple_gate(glue.linear(e, p.key_proj), glue.linear(e, p.value_proj), streams,
                                   PleNorms(p.norm_key, p.norm_query, p.norm_conv, eps))
             return gv, io.conv("ple_conv", u, conv)
         key = rms_norm_1p(F.linear(e, p.key_proj), p.norm_key, eps, group=C).reshape(T, n, C)

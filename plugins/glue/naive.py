@@ -1,4 +1,5 @@
-"""References of the fused glue around the GDN kernels: the layer's norms, gates and residual arithmetic.
+"""References of the fused glue around the GDN kernels: the layer's norms, gates and residual arithmetic, and the
+projections' GEMM (`linear`, whose kernel is the skinny GEMM of `gemm.py`).
 
 Each function is the plain math of one fused kernel of `triton.py` (same name, arguments and result), computed in
 fp32, or in fp64 when the inputs are fp64, and cast to the input dtype once at the end. The Triton kernels also
@@ -97,3 +98,9 @@ def ple_gate(key: Tensor, value: Tensor, streams: Tensor, norms: PleNorms) -> tu
     g = g.abs().clamp_min(1e-6).sqrt() * g.sign()
     gv = (torch.sigmoid(g) * value.to(cd)[:, None, :]).reshape(T, n * C)
     return gv.to(key.dtype), _norm(gv, norms.conv, norms.eps, C).to(key.dtype)
+
+
+def linear(x: Tensor, w: Tensor) -> Tensor:
+    """y = x w^T of a projection in the compute dtype, cast once: x [M, K], w [N, K] -> [M, N]."""
+    cd = compute_dtype(x.dtype)
+    return F.linear(x.to(cd), w.to(cd)).to(x.dtype)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .. import library
@@ -23,6 +25,13 @@ from . import naive
 from .io import PleNorms, check_rows, check_same, check_vector
 
 _BACKENDS = library.Backends(naive, "gdn_trt.plugins.glue.triton")
+# the skinny GEMM (gemm.py) takes a projection when 1 <= M <= GEMM_MAX_M and N >= GEMM_MIN_N. GEMM_MAX_M is the
+# crossover with cuBLAS on the H200, written here by `bench/gemm.py --sweep --apply`; 0 (every call to F.linear) until
+# that run: the kernel is checked (interpreter, sm_90 compile) but not yet timed. Below GEMM_MIN_N its N-tiles
+# cannot fill the 132 SMs (no split-K).
+GEMM_MAX_M = 0
+GEMM_MIN_N = 1024
+_GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _impl(x: Tensor):
@@ -124,3 +133,14 @@ def ple_gate(key: Tensor, value: Tensor, streams: Tensor, norms: PleNorms) -> tu
         check_vector(f"PLE norm_{name}", getattr(norms, name), key.shape[1])
     check_same(key, value, streams)
     return _impl(key).ple_gate(key, value, streams, norms)
+
+
+def linear(x: Tensor, w: Tensor) -> Tensor:
+    """y = x w^T of one of the layer's projections: x [M, K], w [N, K] -> [M, N]. A decode-sized call on CUDA
+    (bf16 or fp16, 1 <= M <= GEMM_MAX_M, N >= GEMM_MIN_N, x unit-strided along K, w contiguous) runs the skinny
+    Triton GEMM (gemm.py); every other call, the CPU and fp32 ones included, is F.linear exactly as before."""
+    if (x.is_cuda and x.dtype in _GEMM_DTYPES and x.dim() == 2 and w.dim() == 2 and w.dtype == x.dtype
+            and w.device == x.device and 1 <= x.shape[0] <= GEMM_MAX_M and w.shape[0] >= GEMM_MIN_N
+            and x.shape[1] == w.shape[1] and x.stride(1) == 1 and w.is_contiguous()):
+        return _impl(x).linear(x, w)
+    return F.linear(x, w)

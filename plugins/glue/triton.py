@@ -15,6 +15,8 @@ inputs once and writes its outputs once, computing in fp32 in registers:
   (a strided column slice: its row and head strides are kernel arguments, nothing is copied);
 - `silu_mul` (SwiGLU), `silu_div` (the hc low-rank activation), `hc_mix` (sigmoid gates, product, mean over the
   streams), `hc_inject` (the hc residual), `ple_gate` (the PLE key/query norms, gate, value product and conv norm).
+- `linear` is the skinny GEMM of `gemm.py` (decode-sized projections), imported here so this module keeps every
+  entry name of `naive.py`.
 The kernels round intermediates to the activation dtype where the torch code does (each torch op on bf16 rounds
 its result): in bf16 they then agree with the torch code to a few units of the last place instead of drifting by
 the sum of the skipped roundings; in fp32 those casts are no-ops.
@@ -33,6 +35,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .gemm import linear  # noqa: F401 (the Triton entry of naive.linear)
 from .io import PleNorms
 
 
