@@ -160,10 +160,9 @@ class Bench:
         pool = torch.randn(N, HV, K, V, device="cuda") * 0.5
         cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty(N, HV, K, V, device="cuda"))
         case = f"prefill {T}" if N == 1 else f"varlen {N}x{lengths[0]}"
-        variants_on = replace(self.gdn, rq_first=True, wu_stages=3, state_kb=True)
+        variants_on = replace(self.gdn, **variants.WY)
         runs = [("ours", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, self.gdn)),
-                ("ours, rq_first + wu_stages=3 + state_kb", lambda: gdn_tri.launch_chunked(x, pack, pool, cap,
-                                                                                       variants_on))]
+                ("ours, state_wy (both tilings)", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, variants_on))]
         if fla and self.peer:
             cu = pack.cu_seqlens.long() if N > 1 else None
             runs.append((FLA, lambda: fla_chunk(x, cu, pool)))
