@@ -115,10 +115,11 @@ PREFILL_VARIANTS = [
     ("Tuning", dict()),
     ("state_kb_many=False", dict(state_kb_many=False)),
     ("state_wy (both tilings)", WY),
-    ("state_wy_many", dict(state_wy_many=True)),
+    ("state_wy_many, state_kb_many=False", dict(state_wy_many=True, state_kb_many=False)),
     ("state_wy, state_stages=2", dict(WY, state_stages=2)),
     ("state_wy, state_warps=8", dict(WY, state_warps=8)),
     ("state_wy, state_bv=16", dict(WY, state_bv=16)),
+    ("state_wy, state_kb", dict(WY, state_kb=True)),
 ]
 
 

@@ -95,7 +95,8 @@ class Tuning:
     # from T = (I + A)^-1, v and b itself (`triton_chunked.state_chunk_wy`), so the w/u launch and its traffic
     # (at T = 16384: T, k and v read, w and u written and read back, 670 MB, 192 us) go; the state pass's chain
     # gets one [BT, BT] x [BT, BV] product per chunk. `state_wy` for the single-sequence tiling, `state_wy_many`
-    # for the many-sequence one (the w/u pass is skipped when the tiling taken has it); the one-block state form.
+    # for the many-sequence one (the w/u pass is skipped when the tiling taken has it); with state_kb(_many) in the
+    # K-halves form.
     state_wy: bool = False
     state_wy_many: bool = False
     out_bv: int = 128
