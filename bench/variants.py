@@ -4,8 +4,8 @@ Each function adds rows to a `kernels.Bench` (section = the group's name): the l
 (the ceilings); the decode kernel's default tilings beside its sub-tile variants (`Tuning.rec_sub`) at N = 64 and
 256, with the state traffic alone in the default grid as the ceiling, and decode with the conv update fused in
 (a probe: the contract change it needs is described in probes.py) against the two launches of today; the
-chunked prefill's `Tuning` variants (`state_kb_many`, `state_wy`) at T = 16384 and varlen 16 x 1024, and
-its solve launch alone on one sequence and on 16 (with and without the empty chunk slots of the grid); the conv
+chunked prefill's `Tuning` variants (`state_wy`) at T = 16384 and varlen 16 x 1024 (`prefill-var`), and
+its solve launch alone (`solve-probe`) on one sequence and on 16 (with and without the empty chunk slots of the grid); the conv
 update's variants. `summary`
 prints, per case, the default, the fastest variant and FLA's time, which the defaults are switched from. Every
 variant run here is checked against float64 by the GPU tests (tests/test_triton_gdn.py, test_triton_conv.py).
@@ -109,17 +109,13 @@ def fused_decode_probe(b) -> None:
 
 
 # the chunked prefill's Tuning variants (tests/test_triton_gdn.py CHUNK_VARIANTS checks each; the ones timed in
-# 2026-12-03-kernels-round2.md, rq_first, wu_stages and state_kb, are left out)
+# 2026-12-03-kernels-round2.md, rq_first, wu_stages, state_kb and state_kb_many, are left out)
 WY = dict(state_wy=True, state_wy_many=True)
 PREFILL_VARIANTS = [
     ("Tuning", dict()),
-    ("state_kb_many=False", dict(state_kb_many=False)),
     ("state_wy (both tilings)", WY),
     ("state_wy_many, state_kb_many=False", dict(state_wy_many=True, state_kb_many=False)),
-    ("state_wy, state_stages=2", dict(WY, state_stages=2)),
     ("state_wy, state_warps=8", dict(WY, state_warps=8)),
-    ("state_wy, state_bv=16", dict(WY, state_bv=16)),
-    ("state_wy, state_kb", dict(WY, state_kb=True)),
 ]
 
 
@@ -127,7 +123,6 @@ def prefill_variants(b) -> None:
     for lengths in ([16384], [1024] * 16):
         for name, change in PREFILL_VARIANTS:
             b.chunked(lengths, replace(b.gdn, **change), name, fla=False)["section"] = "prefill-var"
-    solve_probe(b)
 
 
 def warm_prefill(fla: bool) -> None:
