@@ -314,8 +314,8 @@ COLUMNS = ["section", "case", "impl", "kernel", "time_us", "ours_over_fla", "sta
            "tflops", "mtok_s", "rel_rms_o", "rel_rms_state", "timing"]
 
 
-SECTIONS = ("floor", "sweep", "decode", "decode-var", "verify", "prefill", "prefill-var", "solve-probe", "breakdown", "conv",
-            "conv-var", "accuracy")
+SECTIONS = ("floor", "sweep", "decode", "decode-var", "verify", "prefill", "prefill-var", "solve-probe", "breakdown",
+            "conv", "conv-var", "accuracy")
 # the final call of round 2: every case of the kernel targets beside FLA, the variants, the per-pass breakdown
 ROUND2 = "floor,decode,decode-var,prefill,prefill-var,solve-probe,breakdown,conv,conv-var"
 
