@@ -11,6 +11,10 @@ triangular solve need no launch of their own):
 3. `gdn_chunk_out_kernel`, grid (V-tiles, chunks, H), chunk-parallel, one program for the G value heads of a key
    head (q, k and q k^T once): o = e^gamma (q_n h_c) + tril(q_n k_n^T * e^(gamma_r - gamma_s)) v_new.
 
+With `Tuning.state_wy` (`state_wy_many` for the many-sequence tiling) pass 2 forms v_new = u - w S as
+T (diag(beta) v - diag(beta e^gamma / |k|) k S) from T, v and b itself (`state_chunk_wy`), so w and u are never
+formed and the w/u launch of pass 1 is skipped.
+
 Passes 2 and 3 read the raw q and k (strided views of the projection): the norms enter as row scales, r_k from
 pass 1 and r_q = K^-1/2 / |q| computed from the q tile pass 3 loads anyway, so no normalised copy is written.
 
