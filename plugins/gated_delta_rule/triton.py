@@ -89,14 +89,18 @@ class Tuning:
     # 2026-12-03-kernels-round2.md).
     state_kb: bool = False
     # the same for the many-sequence tiling (`_state_tiling`), where it won: 901.4 against 917.6 us for 16 x 1024
-    # (H200, 2026-12-03-kernels-round2.md, the 64-wide tile in 2 stages as here).
+    # (H200, 2026-12-03-kernels-round2.md: `state_kb` there, which for 16 x 1024 takes this tiling, 64 wide in 2
+    # stages, so the same launch as this default). Compiled for sm_90 (Triton 3.9) its spill stack is 40 B against
+    # 120 B in one block.
     state_kb_many: bool = True
     # w and u never formed: the state pass forms v_new = u - w S = T (diag(beta) v - diag(beta e^gamma / |k|) k S)
-    # from T = (I + A)^-1, v and b itself (`triton_chunked.state_chunk_wy`), so the w/u launch and its traffic
-    # (at T = 16384: T, k and v read, w and u written and read back, 670 MB, 192 us) go; the state pass's chain
-    # gets one [BT, BT] x [BT, BV] product per chunk. `state_wy` for the single-sequence tiling, `state_wy_many`
-    # for the many-sequence one (the w/u pass is skipped when the tiling taken has it); with state_kb(_many) in the
-    # K-halves form.
+    # from T = (I + A)^-1, v and b itself (`triton_chunked.state_chunk_wy`; in the K-halves form with state_kb /
+    # state_kb_many), so the w/u launch goes (the tiling taken decides: `state_wy` for the single-sequence one,
+    # `state_wy_many` for the many-sequence one). Bytes at T = 16384 (bf16, Qwen3-Next heads): the w/u pass moves
+    # 541 MB (T 67, k 67, v 134 read; w, u 134 each written) in 192 us, 2.8 TB/s; the state pass reads w and u
+    # (268 MB) where this form reads T and v (201 MB), so the prefill moves 1.56 GB instead of 2.17. The cost: one
+    # [BT, BT] x [BT, BV] product more per chunk on the state pass's sequential chain (352 us for one sequence,
+    # 1.37 us per chunk). Not yet timed on the H200 (the device calls of 2026-12-03 got no machine): off.
     state_wy: bool = False
     state_wy_many: bool = False
     out_bv: int = 128
