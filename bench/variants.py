@@ -109,13 +109,16 @@ def fused_decode_probe(b) -> None:
 
 
 # the chunked prefill's Tuning variants (tests/test_triton_gdn.py CHUNK_VARIANTS checks each; the ones timed in
-# 2026-12-03-kernels-round2.md, rq_first, wu_stages, state_kb and state_kb_many, are left out)
+# 2026-12-03-kernels-round2.md, rq_first, wu_stages and state_kb, are left out)
 WY = dict(state_wy=True, state_wy_many=True)
 PREFILL_VARIANTS = [
     ("Tuning", dict()),
+    ("state_kb_many=False", dict(state_kb_many=False)),
     ("state_wy (both tilings)", WY),
     ("state_wy_many, state_kb_many=False", dict(state_wy_many=True, state_kb_many=False)),
     ("state_wy, state_warps=8", dict(WY, state_warps=8)),
+    ("state_wy, state_bv=16", dict(WY, state_bv=16)),
+    ("state_wy, state_kb", dict(WY, state_kb=True)),
 ]
 
 
