@@ -160,10 +160,9 @@ class Bench:
         pool = torch.randn(N, HV, K, V, device="cuda") * 0.5
         cap = Capture(torch.full((N,), -1, dtype=torch.int32, device="cuda"), torch.empty(N, HV, K, V, device="cuda"))
         case = f"prefill {T}" if N == 1 else f"varlen {N}x{lengths[0]}"
-        variants_on = replace(self.gdn, rq_first=True, wu_stages=3, state_kb=True)
+        variants_on = replace(self.gdn, **variants.WY)
         runs = [("ours", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, self.gdn)),
-                ("ours, rq_first + wu_stages=3 + state_kb", lambda: gdn_tri.launch_chunked(x, pack, pool, cap,
-                                                                                       variants_on))]
+                ("ours, state_wy (both tilings)", lambda: gdn_tri.launch_chunked(x, pack, pool, cap, variants_on))]
         if fla and self.peer:
             cu = pack.cu_seqlens.long() if N > 1 else None
             runs.append((FLA, lambda: fla_chunk(x, cu, pool)))
@@ -315,10 +314,10 @@ COLUMNS = ["section", "case", "impl", "kernel", "time_us", "ours_over_fla", "sta
            "tflops", "mtok_s", "rel_rms_o", "rel_rms_state", "timing"]
 
 
-SECTIONS = ("floor", "sweep", "decode", "decode-var", "verify", "prefill", "prefill-var", "breakdown", "conv",
-            "conv-var", "accuracy")
+SECTIONS = ("floor", "sweep", "decode", "decode-var", "verify", "prefill", "prefill-var", "solve-probe", "breakdown",
+            "conv", "conv-var", "accuracy")
 # the final call of round 2: every case of the kernel targets beside FLA, the variants, the per-pass breakdown
-ROUND2 = "floor,decode,decode-var,prefill,prefill-var,breakdown,conv,conv-var"
+ROUND2 = "floor,decode,decode-var,prefill,prefill-var,solve-probe,breakdown,conv,conv-var"
 
 
 def main() -> None:
@@ -360,6 +359,8 @@ def main() -> None:
             b.chunked([1024] * 16)
         if "prefill-var" in only:
             variants.prefill_variants(b)
+        if "solve-probe" in only:
+            variants.solve_probe(b)
         if "conv" in only:
             b.conv_prefill([16384])
             b.conv_prefill([1024] * 16)

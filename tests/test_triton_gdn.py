@@ -172,8 +172,13 @@ def test_recurrent_variants(variant, dtype, monkeypatch):
 
 # Tuning variants that bench/kernels.py times beside the defaults (its prefill-var section), each checked against
 # float64 here so the defaults can take whichever wins at the commit that measured it
+WY = dict(state_wy=True, state_wy_many=True)
 CHUNK_VARIANTS = {"rq-after": dict(rq_first=False), "wu-loop": dict(wu_stages=2), "state-kb": dict(state_kb=True),
-                  "all-three": dict(rq_first=True, wu_stages=3, state_kb=True)}
+                  "all-three": dict(rq_first=True, wu_stages=3, state_kb=True),
+                  "kb-many-off": dict(state_kb_many=False), "wy": WY,
+                  "wy-many-one-block": dict(state_wy_many=True, state_kb_many=False),
+                  "wy-s2": dict(WY, state_stages=2), "wy-w8": dict(WY, state_warps=8),
+                  "wy-bv16": dict(WY, state_bv=16), "wy-kb": dict(WY, state_kb=True)}
 
 
 @pytest.mark.gpu

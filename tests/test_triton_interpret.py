@@ -141,6 +141,25 @@ else:
         assert gdn_tri._state_tiling(gdn_tri.TUNING, 96, 2, torch.device("cpu"))[0] == 64
         check_chunked(Step((70, 3, 65), (1, 0, 2), (-1, 2, 64)), Heads(1, 2, 16, 96), F32, "cpu")
 
+    @pytest.mark.parametrize("kb", [False, True], ids=["one-block", "k-halves"])
+    def test_gdn_chunked_state_wy(kb, monkeypatch):
+        # v_new formed in the state pass from T, v and b, no w/u pass (Tuning.state_wy / state_wy_many), the state
+        # in one block or as K halves (state_kb / state_kb_many): the single-sequence tiling (K = 96: the second
+        # half masked), then the many-sequence one on a one-SM "device" (V = 96 in 64-wide tiles); G = 1, 2 and
+        # 3, padding and empty sequences, captures inside, at 0, at a chunk boundary, at the end and none
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, state_wy=True, state_wy_many=True,
+                                                       state_kb=kb, state_kb_many=kb))
+        assert gdn_tri._state_tiling(gdn_tri.TUNING, 24, 2, torch.device("cpu")).wy
+        check_chunked(Step((70, 3, 0), (1, 0, 2), (-1, 2, 0)), Heads(1, 3, 96, 24), F32, "cpu")
+        check_chunked(Step((66,), (6,), (33,)), Heads(1, 1, 16, 16), F32, "cpu")
+        monkeypatch.setattr(gdn_tri, "_sm_count", lambda dev: 1)
+        assert gdn_tri._state_tiling(gdn_tri.TUNING, 96, 2, torch.device("cpu")).bv == 64
+        check_chunked(Step((70, 3, 65), (1, 0, 2), (-1, 2, 64)), Heads(1, 2, 16, 96), F32, "cpu")
+
     def test_gdn_chunked_k_slices():
         # K = 48: the solve pass accumulates k k^T over two 32-wide K slices, the second one half masked
         check_chunked(Step((80, 5), (1, 0), (64, -1)), Heads(1, 2, 48, 24), F32, "cpu")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import triton
@@ -85,8 +86,23 @@ class Tuning:
     # (its state pass took 311 us at T = 16384 against our 352, H200, 2026-12-03): compiled for sm_90 the loop
     # body then has FLA's shared-memory traffic and 174 registers against 220. Timed: slower for one sequence
     # (991.7 against 971.7 us at T = 16384), faster for many (901.4 against 917.6 us for 16 x 1024; H200,
-    # 2026-12-03-kernels-round2.md): a candidate for the many-sequence tiling only, not tried.
+    # 2026-12-03-kernels-round2.md).
     state_kb: bool = False
+    # the same for the many-sequence tiling (`_state_tiling`), where it won: 901.4 against 917.6 us for 16 x 1024
+    # (H200, 2026-12-03-kernels-round2.md: `state_kb` there, which for 16 x 1024 takes this tiling, 64 wide in 2
+    # stages, so the same launch as this default). Compiled for sm_90 (Triton 3.9) its spill stack is 40 B against
+    # 120 B in one block.
+    state_kb_many: bool = True
+    # w and u never formed: the state pass forms v_new = u - w S = T (diag(beta) v - diag(beta e^gamma / |k|) k S)
+    # from T = (I + A)^-1, v and b itself (`triton_chunked.state_chunk_wy`; in the K-halves form with state_kb /
+    # state_kb_many), so the w/u launch goes (the tiling taken decides: `state_wy` for the single-sequence one,
+    # `state_wy_many` for the many-sequence one). Bytes at T = 16384 (bf16, Qwen3-Next heads): the w/u pass moves
+    # 541 MB (T 67, k 67, v 134 read; w, u 134 each written) in 192 us, 2.8 TB/s; the state pass reads w and u
+    # (268 MB) where this form reads T and v (201 MB), so the prefill moves 1.56 GB instead of 2.17. The cost: one
+    # [BT, BT] x [BT, BV] product more per chunk on the state pass's sequential chain (352 us for one sequence,
+    # 1.37 us per chunk). Not yet timed on the H200 (the device calls of 2026-12-03 got no machine): off.
+    state_wy: bool = False
+    state_wy_many: bool = False
     out_bv: int = 128
     out_warps: int = 4
     # 1 / |q| per row computed in pass 1 (from q loads beside its k loads, off the solve's dependent chain) and
@@ -105,7 +121,8 @@ class Tuning:
     def single_sequence_tiling(self) -> Tuning:
         """This tuning with the state pass in its single-sequence tiling whatever the sequence count (for the
         sweeps that time that tiling and the sm_90 compile check)."""
-        return replace(self, state_bv_many=self.state_bv, state_stages_many=self.state_stages)
+        return replace(self, state_bv_many=self.state_bv, state_stages_many=self.state_stages,
+                       state_kb_many=self.state_kb, state_wy_many=self.state_wy)
 
 
 TUNING = Tuning()
@@ -201,12 +218,21 @@ def _v_tile(want: int, V: int) -> int:
     return min(want, max(16, triton.next_power_of_2(V)))
 
 
-def _state_tiling(tuning: Tuning, V: int, sequence_heads: int, dev: torch.device) -> tuple[int, int]:
-    """(V-tile, stages) of the state pass, whose grid is V-tiles x value heads x sequences (see Tuning)."""
+class StateTiling(NamedTuple):
+    bv: int  # V-tile
+    stages: int
+    kb: bool  # the state as two 64-row halves (Tuning.state_kb)
+    wy: bool  # v_new from T, v and b, no w/u pass (Tuning.state_wy)
+
+
+def _state_tiling(tuning: Tuning, V: int, sequence_heads: int, dev: torch.device) -> StateTiling:
+    """The state pass's tiling, whose grid is V-tiles x value heads x sequences: the many-sequence one when the
+    single-sequence one has more programs than the GPU has SMs (see Tuning)."""
     bv = _v_tile(tuning.state_bv, V)
     if triton.cdiv(V, bv) * sequence_heads > _sm_count(dev):
-        return _v_tile(tuning.state_bv_many, V), tuning.state_stages_many
-    return bv, tuning.state_stages
+        return StateTiling(_v_tile(tuning.state_bv_many, V), tuning.state_stages_many, tuning.state_kb_many,
+                           tuning.state_wy_many)
+    return StateTiling(bv, tuning.state_stages, tuning.state_kb, tuning.state_wy)
 
 
 def chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Capture) -> Tensor:
@@ -232,30 +258,37 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
     o = _new((T, HV, V), dt, dev)
     if N == 0:
         return o
-    w, u, v_new = _new((T, HV, K), dt, dev), _new((T, HV, V), dt, dev), _new((T, HV, V), dt, dev)
+    st = _state_tiling(tuning, V, HV * N, dev)
+    fuse = tuning.fuse_wu and not st.wy  # WY reads T back: the solve stores it
+    v_new = _new((T, HV, V), dt, dev)
+    t_inv = _new((T, HV, BT), dt, dev) if not fuse else None
+    if st.wy:  # w and u never formed: T stands in for them in the launches that take them unused
+        w = u = t_inv
+    else:
+        w, u = _new((T, HV, K), dt, dev), _new((T, HV, V), dt, dev)
+    t_inv = w if fuse else t_inv
     gam, rk = _new((T, HV), torch.float32, dev), _new((T, H), torch.float32, dev)
     rq = _new((T, H), torch.float32, dev) if tuning.rq_first else rk  # rk stands in when unused
     h = _new((n_chunks, HV, K, V), dt, dev)
     meta = dict(H=H, HV=HV, K=K, BN=BN, BT=BT, PREC=prec)
     seq = (pack.cu_seqlens, pack.slots, capture.at, N)
     if T > 0:
-        t_inv = w if tuning.fuse_wu else _new((T, HV, BT), dt, dev)
         gdn_chunk_intra_kernel[(n_chunks, H if tuning.solve_share else HV)](
             q, k, v, a, b, x.A_log, x.dt_bias, rk, rq, gam, w, u, t_inv, *seq, *q.stride()[:2], *k.stride()[:2],
             *v.stride()[:2], *a.stride(), *b.stride(), V=V, BKS=min(tuning.solve_bk, BK),
             BD=_v_tile(tuning.fuse_bd, max(K, V)), BC=BC, SOLVE_PREC=solve_prec, SHARE=tuning.solve_share,
-            FUSE=tuning.fuse_wu, RQ=tuning.rq_first, num_warps=tuning.solve_warps, **meta)
-        if not tuning.fuse_wu:
+            FUSE=fuse, RQ=tuning.rq_first, num_warps=tuning.solve_warps, **meta)
+        if not fuse and not st.wy:
             loop = tuning.wu_stages > 0
             gdn_chunk_wu_kernel[(n_chunks, HV)](
                 k, v, b, t_inv, gam, rk, w, u, *seq, *k.stride()[:2], *v.stride()[:2], *b.stride(), V=V,
                 BK=_v_tile(64, K) if loop else BK, BV=_v_tile(64, V), LOOP=loop, num_warps=tuning.wu_warps,
                 num_stages=max(tuning.wu_stages, 1), **meta)
     meta.update(V=V, BK=BK)
-    BVs, stages = _state_tiling(tuning, V, HV * N, dev)
-    gdn_chunk_state_kernel[(triton.cdiv(V, BVs), HV, N)](
-        k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], BV=BVs,
-        KB=tuning.state_kb and K <= 128, num_warps=tuning.state_warps, num_stages=stages, **meta)
+    gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
+        k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], BV=st.bv, KB=st.kb and K <= 128,
+        t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0), s_bh=b.stride(1), WY=st.wy,
+        num_warps=tuning.state_warps, num_stages=st.stages, **meta)
     if T > 0:
         BVo = _v_tile(tuning.out_bv, V)
         gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, H)](

@@ -11,6 +11,10 @@ triangular solve need no launch of their own):
 3. `gdn_chunk_out_kernel`, grid (V-tiles, chunks, H), chunk-parallel, one program for the G value heads of a key
    head (q, k and q k^T once): o = e^gamma (q_n h_c) + tril(q_n k_n^T * e^(gamma_r - gamma_s)) v_new.
 
+With `Tuning.state_wy` (`state_wy_many` for the many-sequence tiling) pass 2 forms v_new = u - w S as
+T (diag(beta) v - diag(beta e^gamma / |k|) k S) from T, v and b itself (`state_chunk_wy`), so w and u are never
+formed and the w/u launch of pass 1 is skipped.
+
 Passes 2 and 3 read the raw q and k (strided views of the projection): the norms enter as row scales, r_k from
 pass 1 and r_q = K^-1/2 / |q| computed from the q tile pass 3 loads anyway, so no normalised copy is written.
 
@@ -102,6 +106,40 @@ def state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new
 
 
 @triton.jit
+def state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h, v_new, i_h, i_hv,
+                   o_i, o_k, o_v, m_k, m_v, o_h, m_h, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                   V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+    """`state_chunk` with w and u never formed: v_new = u - w S = T (diag(beta) v - diag(beta e^gamma / |k|) k S),
+    T = (I + A)^-1 from the intra pass ([T, HV, BT], lower triangle), v and b the raw views at the value head. The
+    k tile serves both products (k S here, k_n^T v_new below) and T replaces w's K columns by BT."""
+    DT = v_new.dtype.element_ty
+    start, n_t = chunk_bounds(j, bos, length, cut, BT)
+    tl.store(h + ((i_c0 + j) * HV + i_hv) * K * V + o_h, b_h.to(DT), mask=m_h)
+    m_t = o_i < n_t
+    b_k = tl.load(k + start * s_kt + o_i[:, None] * s_kt + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+    b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
+    b_last = tl.load(gam + (start + n_t - 1) * HV + i_hv)
+    b_rk = tl.load(rk + start * H + i_h + o_i * H, mask=m_t, other=0.0)
+    b_beta = tl.where(m_t, tl.sigmoid(tl.load(b + (start + o_i) * s_bt, mask=m_t, other=0.0).to(tl.float32)), 0.0)
+    m_u = m_t[:, None] & m_v[None, :]
+    b_x = tl.load(v + start * s_vt + o_i[:, None] * s_vt + o_v[None, :], mask=m_u, other=0.0).to(tl.float32)
+    b_x = b_x * b_beta[:, None] - tl.dot(b_k, b_h.to(DT), input_precision=PREC) * (
+        b_beta * tl.exp(b_gam) * b_rk)[:, None]
+    # whole rows of T, the part above the diagonal (never written by the solve) zeroed after (as the w/u pass)
+    b_T = tl.load(t_inv + (start * HV + i_hv) * BT + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None],
+                  other=0.0)
+    b_T = tl.where(o_i[:, None] >= o_i[None, :], b_T, 0.0)
+    b_v = tl.dot(b_T, b_x.to(DT), input_precision=PREC)
+    p_u = (start * HV + i_hv) * V + o_i[:, None] * (HV * V) + o_v[None, :]
+    tl.store(v_new + p_u, b_v.to(DT), mask=m_u)
+    b_v *= tl.where(m_t, tl.exp(b_last - b_gam) * b_rk, 0.0)[:, None]
+    b_kt = tl.load(k + start * s_kt + o_i[None, :] * s_kt + o_k[:, None], mask=m_k[:, None] & m_t[None, :],
+                   other=0.0)
+    b_h *= tl.exp(b_last)
+    return tl.dot(b_kt, b_v.to(DT), b_h, input_precision=PREC)
+
+
+@triton.jit
 def state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i, o_v,
                    m_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                    PREC: tl.constexpr):
@@ -139,6 +177,47 @@ def state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam
 
 
 @triton.jit
+def state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h, v_new,
+                      i_h, i_hv, o_i, o_v, m_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+    """`state_chunk_wy` with the state as two 64-row halves (K <= 128), each product split the same way (as
+    `state_chunk_kb`)."""
+    DT = v_new.dtype.element_ty
+    start, n_t = chunk_bounds(j, bos, length, cut, BT)
+    o_k1 = tl.arange(0, 64)
+    o_k2 = 64 + o_k1
+    p_h = h + ((i_c0 + j) * HV + i_hv) * K * V + o_v[None, :]
+    tl.store(p_h + o_k1[:, None] * V, b_h1.to(DT), mask=(o_k1 < K)[:, None] & m_v[None, :])
+    tl.store(p_h + o_k2[:, None] * V, b_h2.to(DT), mask=(o_k2 < K)[:, None] & m_v[None, :])
+    m_t = o_i < n_t
+    p_k = k + start * s_kt + o_i[:, None] * s_kt
+    b_k = tl.load(p_k + o_k1[None, :], mask=m_t[:, None] & (o_k1 < K)[None, :], other=0.0)
+    b_d = tl.dot(b_k, b_h1.to(DT), input_precision=PREC)
+    b_k = tl.load(p_k + o_k2[None, :], mask=m_t[:, None] & (o_k2 < K)[None, :], other=0.0)
+    b_d = tl.dot(b_k, b_h2.to(DT), b_d, input_precision=PREC)
+    b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
+    b_last = tl.load(gam + (start + n_t - 1) * HV + i_hv)
+    b_rk = tl.load(rk + start * H + i_h + o_i * H, mask=m_t, other=0.0)
+    b_beta = tl.where(m_t, tl.sigmoid(tl.load(b + (start + o_i) * s_bt, mask=m_t, other=0.0).to(tl.float32)), 0.0)
+    m_u = m_t[:, None] & m_v[None, :]
+    b_x = tl.load(v + start * s_vt + o_i[:, None] * s_vt + o_v[None, :], mask=m_u, other=0.0).to(tl.float32)
+    b_x = b_x * b_beta[:, None] - b_d * (b_beta * tl.exp(b_gam) * b_rk)[:, None]
+    b_T = tl.load(t_inv + (start * HV + i_hv) * BT + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None],
+                  other=0.0)
+    b_T = tl.where(o_i[:, None] >= o_i[None, :], b_T, 0.0)
+    b_v = tl.dot(b_T, b_x.to(DT), input_precision=PREC)
+    tl.store(v_new + (start * HV + i_hv) * V + o_i[:, None] * (HV * V) + o_v[None, :], b_v.to(DT), mask=m_u)
+    b_v = (b_v * tl.where(m_t, tl.exp(b_last - b_gam) * b_rk, 0.0)[:, None]).to(DT)
+    b_e = tl.exp(b_last)
+    p_kt = k + start * s_kt + o_i[None, :] * s_kt
+    b_kt = tl.load(p_kt + o_k1[:, None], mask=(o_k1 < K)[:, None] & m_t[None, :], other=0.0)
+    b_h1 = tl.dot(b_kt, b_v, b_h1 * b_e, input_precision=PREC)
+    b_kt = tl.load(p_kt + o_k2[:, None], mask=(o_k2 < K)[:, None] & m_t[None, :], other=0.0)
+    b_h2 = tl.dot(b_kt, b_v, b_h2 * b_e, input_precision=PREC)
+    return b_h1, b_h2
+
+
+@triton.jit
 def store_halves(p, b_h1, b_h2, o_v, m_v, K: tl.constexpr, V: tl.constexpr):
     """A state tile kept as two 64-row halves, to p ([K, V] rows, the tile's columns o_v)."""
     o_k1 = tl.arange(0, 64)
@@ -155,8 +234,11 @@ def gdn_chunk_state_kernel(
     cu_seqlens, slots, capture_at, N, s_kt, s_kh,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, KB: tl.constexpr,
+    t_inv=None, v=None, b=None, s_vt=0, s_vh=0, s_bt=0, s_bh=0,  # WY: T [T, HV, BT] from the intra pass, raw v, b
+    WY: tl.constexpr = False,
 ):
-    """KB: the state as two 64-row halves (`state_chunk_kb`, K <= 128), else one [BK, BV] block."""
+    """KB: the state as two 64-row halves (`state_chunk_kb`, K <= 128), else one [BK, BV] block. WY: v_new from
+    T, v and b (`state_chunk_wy`, `state_chunk_wy_kb`), w and u unused and never formed."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slots + i_n).to(tl.int64)
     if slot < 0:
@@ -180,6 +262,9 @@ def gdn_chunk_state_kernel(
     cap += (i_n * HV + i_hv).to(tl.int64) * K * V
     # the capture point is a chunk boundary (chunks restart at the cut), so the loop splits there and its body
     # carries no branch (a branch in the body would keep Triton from pipelining the loads)
+    if WY:
+        v += i_hv * s_vh
+        b += i_hv * s_bh
     if KB:
         o_k1 = tl.arange(0, 64)
         o_k2 = 64 + o_k1
@@ -188,13 +273,21 @@ def gdn_chunk_state_kernel(
         if c_at == 0:
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         for j in range(0, nc1):
-            b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new,
-                                        i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+            if WY:
+                b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
+                                               s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+            else:
+                b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
+                                            v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
         if nc1 > 0:
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         for j in range(nc1, n_chunks):
-            b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new,
-                                        i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+            if WY:
+                b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
+                                               s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+            else:
+                b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
+                                            v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
         if (length == c_at) & (length > 0):
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         if length > 0:
@@ -208,13 +301,21 @@ def gdn_chunk_state_kernel(
         if c_at == 0:
             tl.store(cap + o_h, b_h, mask=m_h)
         for j in range(0, nc1):
-            b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i,
-                              o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+            if WY:
+                b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
+                                     v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+            else:
+                b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
+                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
         if nc1 > 0:
             tl.store(cap + o_h, b_h, mask=m_h)
         for j in range(nc1, n_chunks):
-            b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i,
-                              o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+            if WY:
+                b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
+                                     v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+            else:
+                b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
+                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
         if (length == c_at) & (length > 0):
             tl.store(cap + o_h, b_h, mask=m_h)
         if length > 0:
