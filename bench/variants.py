@@ -1,8 +1,8 @@
 """Variant and probe measurements of bench/kernels.py (`--only floor,decode-var,prefill-var,conv-var`).
 
 Each function adds rows to a `kernels.Bench` (section = the group's name): the launch floor and a Triton copy
-(the ceilings); the decode kernel's default tilings beside its sub-tile variants (`Tuning.rec_sub`) at N = 64 and
-256, with the state traffic alone in the default grid as the ceiling, and decode with the conv update fused in
+(the ceilings); the decode kernel's default tilings beside its variants (`Tuning.rec_tma`, `rec_sub`,
+`rec_ahead`, `rec_tma_few`) at N = 1, 64 and 256, with the state traffic alone in the default grid as the ceiling, and decode with the conv update fused in
 (a probe: the contract change it needs is described in probes.py) against the two launches of today; the
 chunked prefill's `Tuning` variants (`rq_first`, `wu_stages`, `state_kb`) at T = 16384 and varlen 16 x 1024, and
 its solve launch alone on one sequence and on 16 (with and without the empty chunk slots of the grid); the conv
@@ -40,16 +40,35 @@ def floors(b) -> None:
           pct_copy_bw=100 * 8 * n / t.median_s / b.copy_bw)
 
 
-# the decode kernel's sub-tile variants (tests/test_triton_gdn.py REC_VARIANTS checks each)
-DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),
-                   ("sub bv128 w4 sub32 s3", dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_sub_stages=3)),
-                   ("sub bv64 w2 sub16 s3", dict(rec_bv=64, rec_warps=2, rec_sub=16, rec_sub_stages=3)),
-                   ("sub bv128 w4 sub16 s4", dict(rec_bv=128, rec_warps=4, rec_sub=16, rec_sub_stages=4))]
+# the decode kernel's many-sequence variants (tests/test_triton_gdn.py REC_VARIANTS checks each): the state through
+# TMA descriptors in one tile or in pipelined sub-tiles (Tuning.rec_tma, rec_sub), and the bulk L2 prefetch of a
+# later program's state (Tuning.rec_ahead); compiled for sm_90 (Triton 3.9 on the CPU) the comments give registers
+# per thread and programs per SM by registers and shared memory
+DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),  # 254 regs, 72 B spilled: 4 / SM
+                   ("tma bv64 w2", dict(rec_tma=True)),  # 255, 32 KB: 4 / SM
+                   ("tma bv32 w2", dict(rec_bv=32, rec_warps=2, rec_tma=True)),  # 168, 16 KB: 6 / SM
+                   ("tma bv64 w4", dict(rec_bv=64, rec_warps=4, rec_tma=True)),  # 158, 32 KB: 3 / SM
+                   ("tma sub bv128 w4 sub16 s3", dict(rec_bv=128, rec_warps=4, rec_sub=16, rec_sub_stages=3,
+                                                      rec_tma=True)),  # 72, 24 KB: 7 / SM
+                   ("tma sub bv64 w2 sub16 s3", dict(rec_bv=64, rec_warps=2, rec_sub=16, rec_sub_stages=3,
+                                                     rec_tma=True)),  # 96, 24 KB: 9 / SM
+                   ("tma sub bv128 w4 sub32 s2", dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_sub_stages=2,
+                                                      rec_tma=True)),  # 96, 33 KB: 5 / SM
+                   ("ahead 512 bv64 w2", dict(rec_ahead=512)),
+                   ("ahead 1024 bv64 w2", dict(rec_ahead=1024)),
+                   ("ahead 2048 bv64 w2", dict(rec_ahead=2048))]
+# the few-sequence tile through TMA at N = 1 (Tuning.rec_tma_few; 16 x 1: 156 regs against 206)
+DECODE_FEW_VARIANTS = [("tile bv16 w1 (few: Tuning)", dict()),
+                       ("tma bv16 w1", dict(rec_tma_few=True)),
+                       ("tma bv8 w1", dict(rec_bv_few=8, rec_tma_few=True))]
 
 
 def decode_variants(b) -> None:
-    """At N = 64 and 256: the many-sequence tile and its sub-tile variants (one token per sequence), then the same
-    default grid moving only the state (the ceiling the step's compute is measured against)."""
+    """At N = 1 the few-sequence tile and its TMA variants; at N = 64 and 256 the many-sequence tile and its
+    variants (one token per sequence), then the same default grid moving only the state (the ceiling the step's
+    compute is measured against)."""
+    for label, change in DECODE_FEW_VARIANTS:
+        b.recurrent(1, 1, False, replace(b.gdn, **change), label, fla=False)["section"] = "decode-var"
     for n in (64, 256):
         for label, change in DECODE_VARIANTS:
             tu = replace(b.gdn, rec_few_below=0, **change)

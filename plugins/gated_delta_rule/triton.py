@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..packing import Capture, Packing
 from .io import GdnInputs
@@ -54,6 +55,18 @@ class Tuning:
     # 32-wide, 3 stages) 77.2 / 292.2 us against the tile's 76.8 / 283.7 at N = 64 / 256 (2026-12-03-kernels-round2.md).
     rec_sub: int = 0
     rec_sub_stages: int = 3
+    # The state tile loaded and stored by the Hopper tensor-memory accelerator (TMA: one bulk copy per tile through
+    # shared memory, from a host-side descriptor of the pool as [S * HV, K, V]; the slot picks the row) instead of
+    # one 64-bit address per 16-byte vector: compiled for sm_90 the 64 x 2 tile holds 254 registers and spills
+    # 72 B, most of them the addresses of the tile's load kept alive for its store (occupancy: 4 programs of 2
+    # warps per SM). Many / few sequences (the tilings above); used where the GPU has TMA (sm_90+) and V * 4 is a
+    # multiple of 16 (a descriptor's stride).
+    rec_tma: bool = False
+    rec_tma_few: bool = False
+    # > 0: each program of the many-sequence tile (one tile, no TMA) bulk-prefetches into L2 the state that the
+    # program this many places later in launch order will load (`triton_recurrent.prefetch_ahead`), so DRAM reads
+    # run ahead of the programs resident on an SM (4 of the 64 x 2 tile: 254 registers), L2 holding the distance.
+    rec_ahead: int = 0
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -165,23 +178,42 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         return o
     BV, warps = _rec_tiling(tuning, V, HV * N)
     sub = tuning.rec_sub if 0 < tuning.rec_sub < BV else 0
-    gdn_recurrent_kernel[(triton.cdiv(V, BV), HV, N)](
-        q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, ssm_pool if ssm_stash is None else ssm_stash,
+    BK = triton.next_power_of_2(K)
+    pool = ssm_pool
+    few = _rec_few(tuning, V, HV * N)
+    tma = tuning.rec_tma_few if few else tuning.rec_tma
+    NV = triton.cdiv(V, BV)
+    ahead = tuning.rec_ahead if not few and not sub and (K * V) % (4 * NV) == 0 and _has_tma(ssm_pool.device) else 0
+    if tma and _has_tma(ssm_pool.device) and V % 4 == 0 and ssm_pool.data_ptr() % 16 == 0:
+        pool = TensorDescriptor(ssm_pool.view(-1, K, V), [ssm_pool.numel() // (K * V), K, V], [K * V, V, 1],
+                                [1, BK, sub or BV])
+    gdn_recurrent_kernel[(NV, HV, N)](
+        q, k, v, a, b, x.A_log, x.dt_bias, o, pool, ssm_pool if ssm_stash is None else ssm_stash,
         pack.cu_seqlens, pack.slots,
         *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
-        H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, STASH=ssm_stash is not None,
-        STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages,
-        num_warps=warps,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STASH=ssm_stash is not None,
+        STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages, TMA=pool is not ssm_pool,
+        AHEAD=0 if pool is not ssm_pool else ahead, num_warps=warps,
     )
     return o
 
 
+def _rec_few(tuning: Tuning, V: int, sequence_heads: int) -> bool:
+    """Whether the recurrent kernel takes its few-sequence tiling (see Tuning)."""
+    return triton.cdiv(V, min(tuning.rec_bv, triton.next_power_of_2(V))) * sequence_heads < tuning.rec_few_below
+
+
 def _rec_tiling(tuning: Tuning, V: int, sequence_heads: int) -> tuple[int, int]:
     """(V-tile, warps) of the recurrent kernel, whose grid is V-tiles x value heads x sequences (see Tuning)."""
-    bv = min(tuning.rec_bv, triton.next_power_of_2(V))
-    if triton.cdiv(V, bv) * sequence_heads < tuning.rec_few_below:
+    if _rec_few(tuning, V, sequence_heads):
         return min(tuning.rec_bv_few, triton.next_power_of_2(V)), tuning.rec_warps_few
-    return bv, tuning.rec_warps
+    return min(tuning.rec_bv, triton.next_power_of_2(V)), tuning.rec_warps
+
+
+@functools.cache
+def _has_tma(dev: torch.device) -> bool:
+    # off CUDA: the interpreter runs descriptors, and the sm_90 compile check records them as the H200 runs them
+    return dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] >= 9
 
 
 H200_SMS = 132
