@@ -44,23 +44,21 @@ def floors(b) -> None:
 # TMA descriptors in one tile or in pipelined sub-tiles (Tuning.rec_tma, rec_sub), and the bulk L2 prefetch of a
 # later program's state (Tuning.rec_ahead); compiled for sm_90 (Triton 3.9 on the CPU) the comments give registers
 # per thread and programs per SM by registers and shared memory
-DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),  # 254 regs, 72 B spilled: 4 / SM
-                   ("tma bv64 w2", dict(rec_tma=True)),  # 255, 32 KB: 4 / SM
-                   ("tma bv32 w2", dict(rec_bv=32, rec_warps=2, rec_tma=True)),  # 168, 16 KB: 6 / SM
-                   ("tma bv64 w4", dict(rec_bv=64, rec_warps=4, rec_tma=True)),  # 158, 32 KB: 3 / SM
-                   ("tma sub bv128 w4 sub16 s3", dict(rec_bv=128, rec_warps=4, rec_sub=16, rec_sub_stages=3,
-                                                      rec_tma=True)),  # 72, 24 KB: 7 / SM
-                   ("tma sub bv64 w2 sub16 s3", dict(rec_bv=64, rec_warps=2, rec_sub=16, rec_sub_stages=3,
-                                                     rec_tma=True)),  # 96, 24 KB: 9 / SM
-                   ("tma sub bv128 w4 sub32 s2", dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_sub_stages=2,
-                                                      rec_tma=True)),  # 96, 33 KB: 5 / SM
+DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),  # 255 regs, 8 B spilled: 4 / SM
+                   ("cap200 bv64 w2", dict(rec_maxnreg=200)),  # 200, 64 B spilled: 5 / SM
+                   ("cap200 bv32 w1", dict(rec_bv=32, rec_warps=1, rec_maxnreg=200)),  # 200, 8 B: 10 / SM
+                   ("cap168 bv32 w1", dict(rec_bv=32, rec_warps=1, rec_maxnreg=168)),  # 168, 216 B: 12 / SM
+                   ("ahead 256 bv64 w2", dict(rec_ahead=256)),
                    ("ahead 512 bv64 w2", dict(rec_ahead=512)),
-                   ("ahead 1024 bv64 w2", dict(rec_ahead=1024)),
-                   ("ahead 2048 bv64 w2", dict(rec_ahead=2048))]
-# the few-sequence tile through TMA at N = 1 (Tuning.rec_tma_few; 16 x 1: 156 regs against 206)
-DECODE_FEW_VARIANTS = [("tile bv16 w1 (few: Tuning)", dict()),
-                       ("tma bv16 w1", dict(rec_tma_few=True)),
-                       ("tma bv8 w1", dict(rec_bv_few=8, rec_tma_few=True))]
+                   ("ahead 512 cap200 bv64 w2", dict(rec_ahead=512, rec_maxnreg=200))]
+# timed slower at commit e325b03 (H200, 2026-12-03-kernels-decode.md: N = 64 / 256 against the default's 76.6 /
+# 284.0 us): tma bv64 w2 89.6 / 336.6 (255 regs, 32 KB: 4 / SM), tma bv32 w2 91.9 / 347.1 (168, 16 KB: 6 / SM),
+# tma bv64 w4 103.8 / 389.9 (158, 32 KB: 3 / SM), tma sub bv128 w4 sub16 s3 84.7 / 314.5 (72, 24 KB: 7 / SM), tma
+# sub bv64 w2 sub16 s3 80.4 / 305.6 (96, 24 KB: 9 / SM), tma sub bv128 w4 sub32 s2 81.8 / 297.9 (96, 33 KB: 5 / SM),
+# ahead 1024 89.1 / 356.0, ahead 2048 87.7 / 364.5 (ahead 512: 78.5 / 280.3, timed again here)
+# the few-sequence tile at N = 1 (the TMA variants, rec_tma_few, timed slower at commit e325b03: 16 x 1 4.2 us, 8 x 1
+# 4.4 us against the default's 3.8, H200, 2026-12-03-kernels-decode.md)
+DECODE_FEW_VARIANTS = [("tile bv16 w1 (few: Tuning)", dict())]
 
 
 def decode_variants(b) -> None:

@@ -165,7 +165,10 @@ REC_VARIANTS = {"bv128-w4-sub32": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_
                 "tma-bv128-w4-sub32-s2": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_sub_stages=2, rec_tma=True),
                 "ahead-512": dict(rec_ahead=512), "ahead-1024": dict(rec_ahead=1024),
                 "ahead-2048": dict(rec_ahead=2048), "ahead-3": dict(rec_ahead=3),
-                "tma-few-bv16": dict(rec_tma_few=True), "tma-few-bv8": dict(rec_bv_few=8, rec_tma_few=True)}
+                "tma-few-bv16": dict(rec_tma_few=True), "tma-few-bv8": dict(rec_bv_few=8, rec_tma_few=True),
+                "cap200": dict(rec_maxnreg=200), "cap200-bv32-w1": dict(rec_bv=32, rec_warps=1, rec_maxnreg=200),
+                "cap168-bv32-w1": dict(rec_bv=32, rec_warps=1, rec_maxnreg=168),
+                "ahead-256": dict(rec_ahead=256), "ahead-512-cap200": dict(rec_ahead=512, rec_maxnreg=200)}
 
 
 @pytest.mark.gpu

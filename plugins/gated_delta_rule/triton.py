@@ -67,6 +67,12 @@ class Tuning:
     # program this many places later in launch order will load (`triton_recurrent.prefetch_ahead`), so DRAM reads
     # run ahead of the programs resident on an SM (4 of the 64 x 2 tile: 254 registers), L2 holding the distance.
     rec_ahead: int = 0
+    # > 0: a register cap per thread for the many-sequence tile (ptxas .maxnreg). The DRAM reads a program keeps in
+    # flight are its state tile, and the programs resident on an SM are bound by registers (65536 per SM, in steps
+    # of 256 per warp): the 64 x 2 tile at 255 registers fits 4 programs (128 KB of state in flight per SM), capped
+    # at 200 it fits 5 (160 KB; 64 B spilled, sm_90 compile), the 32 x 1 tile 8 and 10 (8 B spilled). The grid
+    # moving only the state fits 5 programs of the 64 x 2 tile (196 registers).
+    rec_maxnreg: int = 0
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -194,6 +200,7 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STASH=ssm_stash is not None,
         STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages, TMA=pool is not ssm_pool,
         AHEAD=0 if pool is not ssm_pool else ahead, num_warps=warps,
+        **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),
     )
     return o
 

@@ -73,7 +73,7 @@ def one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, row, p_s, p_A, p_dt, 
     for i_s in tl.range(0, BV // SUB, num_stages=STAGES):
         o_s = i_s * SUB + tl.arange(0, SUB)
         m_s = i_v * BV + o_s < V
-        o_hs = o_k[:, None] * V + i_v * BV + o_s[None, :]
+        o_hs = o_k[:, None] * V + o_s[None, :]
         m_hs = m_k[:, None] & m_s[None, :]
         if TMA:
             b_h = pool.load([row, 0, i_v * BV + i_s * SUB]).reshape(BK, SUB)
@@ -169,8 +169,11 @@ def gdn_recurrent_kernel(
         return  # no tokens (a verify row without drafts): the state stays as it is
 
     row = (slot * HV + i_hv).to(tl.int32)  # the state's row in the TMA descriptor
+    # the program's offsets (sequence, head, V-tile) go into the scalar base pointers and the tile's offsets stay
+    # compile-time constants per thread: with the V-tile offset inside the int32 offset tensor, every 16-byte vector
+    # kept its own 64-bit address for the store (sm_90: 254 registers and 72 B spilled in the 64 x 2 tile)
     if not TMA:
-        pool += (slot * HV + i_hv) * K * V
+        pool += (slot * HV + i_hv) * K * V + i_v * BV
     # STREAM: the state tile (and each stash row) is touched once per launch: evict-first loads and streaming
     # stores keep it from evicting the small operands from L2 (+6 pp of copy bandwidth at N=256, bench sweep)
     LOAD_HINT: tl.constexpr = "evict_first" if STREAM else ""
@@ -181,7 +184,7 @@ def gdn_recurrent_kernel(
     p_a = a + bos * s_at + i_hv * s_ah
     p_b = b + bos * s_bt + i_hv * s_bh
     p_o = o + (bos * HV + i_hv) * V + i_v * BV
-    p_s = stash + (bos * HV + i_hv) * K * V
+    p_s = stash + (bos * HV + i_hv) * K * V + i_v * BV
     if SUB > 0:
         # the program's BV columns as BV / SUB sub-tiles (registers for one [K, SUB] tile only)
         if eos - bos == 1:
@@ -191,7 +194,7 @@ def gdn_recurrent_kernel(
             for i_s in range(0, BV // SUB):
                 o_s = i_s * SUB + tl.arange(0, SUB)
                 m_s = i_v * BV + o_s < V
-                o_hs = o_k[:, None] * V + i_v * BV + o_s[None, :]
+                o_hs = o_k[:, None] * V + o_s[None, :]
                 m_hs = m_k[:, None] & m_s[None, :]
                 if TMA:
                     b_h = pool.load([row, 0, i_v * BV + i_s * SUB]).reshape(BK, SUB)
@@ -207,13 +210,13 @@ def gdn_recurrent_kernel(
                         tl.store(pool + o_hs, b_h, mask=m_hs, cache_modifier=STORE_HINT)
     else:
         o_c = tl.arange(0, BV)
-        o_h = o_k[:, None] * V + o_v[None, :]
+        o_h = o_k[:, None] * V + o_c[None, :]
         if TMA:
             b_h = pool.load([row, 0, i_v * BV]).reshape(BK, BV)
         else:
             b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
             if AHEAD > 0:
-                prefetch_ahead(pool - (slot * HV + i_hv) * K * V, slots, i_v, i_hv, i_n, HV, K, V, AHEAD)
+                prefetch_ahead(pool - (slot * HV + i_hv) * K * V - i_v * BV, slots, i_v, i_hv, i_n, HV, K, V, AHEAD)
         b_h = token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, A_log + i_hv, dt_bias + i_hv, scale, eos - bos,
                           o_k, m_k, o_c, m_v, o_h, m_h, s_qt, s_kt, s_vt, s_at, s_bt, HV, K, V, STASH, STORE_HINT)
         if not STASH:
