@@ -56,23 +56,31 @@ class Tuning:
     rec_sub: int = 0
     rec_sub_stages: int = 3
     # The state tile loaded and stored by the Hopper tensor-memory accelerator (TMA: one bulk copy per tile through
-    # shared memory, from a host-side descriptor of the pool as [S * HV, K, V]; the slot picks the row) instead of
-    # one 64-bit address per 16-byte vector: compiled for sm_90 the 64 x 2 tile holds 254 registers and spills
-    # 72 B, most of them the addresses of the tile's load kept alive for its store (occupancy: 4 programs of 2
-    # warps per SM). Many / few sequences (the tilings above); used where the GPU has TMA (sm_90+) and V * 4 is a
-    # multiple of 16 (a descriptor's stride).
+    # shared memory, from a host-side descriptor of the pool as [S * HV, K, V]; the slot picks the row), in one
+    # tile or in the sub-tiles above (their loads pipelined over rec_sub_stages). Many / few sequences; used where
+    # the GPU has TMA (sm_90+) and V * 4 is a multiple of 16. Timed slower in every form: N = 64 / 256 in 64 x 2
+    # 89.6 / 336.6 us against the plain tile's 76.6 / 284.0, in sub-tiles at best 80.4 / 297.9 (64 x 2 by 16, 128 x
+    # 4 by 32); N = 1 in 16 x 1 4.18 against 3.80 us (H200, 2026-12-03-kernels-decode.md). The tile lands in shared
+    # memory and is read back into as many registers as the plain load fills (255), so no more programs fit per SM.
     rec_tma: bool = False
     rec_tma_few: bool = False
     # > 0: each program of the many-sequence tile (one tile, no TMA) bulk-prefetches into L2 the state that the
     # program this many places later in launch order will load (`triton_recurrent.prefetch_ahead`), so DRAM reads
-    # run ahead of the programs resident on an SM (4 of the 64 x 2 tile: 254 registers), L2 holding the distance.
+    # run ahead of the programs resident on an SM, L2 holding the distance. Timed: 512 ahead 78.5 / 280.3 us at N =
+    # 64 / 256 against 76.6 / 284.0; 1024 and 2048 ahead 89.1 / 356.0 and 87.7 / 364.5 (32-64 MB ahead against the
+    # 50 MB L2: lines evicted before use; H200, 2026-12-03-kernels-decode.md).
     rec_ahead: int = 0
     # > 0: a register cap per thread for the many-sequence tile (ptxas .maxnreg). The DRAM reads a program keeps in
     # flight are its state tile, and the programs resident on an SM are bound by registers (65536 per SM, in steps
     # of 256 per warp): the 64 x 2 tile at 255 registers fits 4 programs (128 KB of state in flight per SM), capped
-    # at 200 it fits 5 (160 KB; 64 B spilled, sm_90 compile), the 32 x 1 tile 8 and 10 (8 B spilled). The grid
-    # moving only the state fits 5 programs of the 64 x 2 tile (196 registers).
+    # at 200 it fits 5 (160 KB; 64 B spilled, sm_90 compile). The grid moving only the state fits 5 programs of the
+    # 64 x 2 tile (196 registers) and reaches 93.9 / 96.8 % of the copy rate at N = 64 / 256.
     rec_maxnreg: int = 0
+    # the output from the updated tile (o = S'^T q, one reduction after the update) instead of from the loaded tile
+    # beside S^T k: the q slice of the thread's 32 rows is then not live beside the k slice and the tile (the one-tile
+    # path; `triton_recurrent.token_steps`): with rec_maxnreg = 200 the 64 x 2 tile spills 8 B instead of 64, the
+    # 32 x 1 tile none (10 programs per SM)
+    rec_q_after: bool = False
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -199,7 +207,7 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STASH=ssm_stash is not None,
         STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages, TMA=pool is not ssm_pool,
-        AHEAD=0 if pool is not ssm_pool else ahead, num_warps=warps,
+        AHEAD=0 if pool is not ssm_pool else ahead, Q_AFTER=tuning.rec_q_after, num_warps=warps,
         **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),
     )
     return o
