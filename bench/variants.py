@@ -2,7 +2,7 @@
 
 Each function adds rows to a `kernels.Bench` (section = the group's name): the launch floor and a Triton copy
 (the ceilings); the decode kernel's default tilings beside its variants (`Tuning.rec_maxnreg`, `rec_q_after`,
-`rec_ahead`; `rec_tma`, `rec_sub` timed before) at N = 64 and 256, with the state traffic alone in the default grid
+`rec_chunk`; `rec_tma`, `rec_sub`, `rec_ahead` timed before) at N = 64 and 256, with the state traffic alone in the default grid
 as the ceiling, and decode with the conv update fused in
 (a probe: the contract change it needs is described in probes.py) against the two launches of today; the
 chunked prefill's `Tuning` variants (`rq_first`, `wu_stages`, `state_kb`) at T = 16384 and varlen 16 x 1024, and
@@ -47,12 +47,14 @@ def floors(b) -> None:
 # per thread and programs per SM by registers and shared memory
 DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),  # 255 regs, 8 B spilled: 4 / SM
                    ("cap200 bv64 w2", dict(rec_maxnreg=200)),  # 200, 64 B spilled: 5 / SM
-                   ("qa bv64 w2", dict(rec_q_after=True)),  # 253, 0 B: 4 / SM
                    ("qa cap200 bv64 w2", dict(rec_q_after=True, rec_maxnreg=200)),  # 200, 8 B: 5 / SM
-                   ("qa cap168 bv64 w2", dict(rec_q_after=True, rec_maxnreg=168)),  # 168, 168 B: 6 / SM
+                   ("qa ch32 cap200 bv64 w2", dict(rec_q_after=True, rec_chunk=32, rec_maxnreg=200)),  # 0 B: 5 / SM
+                   ("qa ch32 cap168 bv64 w2", dict(rec_q_after=True, rec_chunk=32, rec_maxnreg=168)),  # 72 B: 6 / SM
+                   ("qa ch16 cap168 bv64 w2", dict(rec_q_after=True, rec_chunk=16, rec_maxnreg=168)),  # 96 B: 6 / SM
                    ("qa cap200 bv32 w1",  # 200, 0 B: 10 / SM
                     dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_maxnreg=200)),
-                   ("ahead 512 qa cap200 bv64 w2", dict(rec_ahead=512, rec_q_after=True, rec_maxnreg=200))]
+                   ("qa ch8 cap168 bv32 w1",  # 168, 72 B: 12 / SM
+                    dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_chunk=8, rec_maxnreg=168))]
 # timed slower at commit e325b03 (H200, 2026-12-03-kernels-decode.md: N = 64 / 256 against the default's 76.6 /
 # 284.0 us): tma bv64 w2 89.6 / 336.6 (255 regs, 32 KB: 4 / SM), tma bv32 w2 91.9 / 347.1 (168, 16 KB: 6 / SM),
 # tma bv64 w4 103.8 / 389.9 (158, 32 KB: 3 / SM), tma sub bv128 w4 sub16 s3 84.7 / 314.5 (72, 24 KB: 7 / SM), tma

@@ -166,11 +166,13 @@ REC_VARIANTS = {"bv128-w4-sub32": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_
                 "ahead-512": dict(rec_ahead=512), "ahead-1024": dict(rec_ahead=1024),
                 "ahead-2048": dict(rec_ahead=2048), "ahead-3": dict(rec_ahead=3),
                 "tma-few-bv16": dict(rec_tma_few=True), "tma-few-bv8": dict(rec_bv_few=8, rec_tma_few=True),
-                "cap200": dict(rec_maxnreg=200), "qa": dict(rec_q_after=True),
-                "qa-cap200": dict(rec_q_after=True, rec_maxnreg=200),
-                "qa-cap168": dict(rec_q_after=True, rec_maxnreg=168),
+                "cap200": dict(rec_maxnreg=200), "qa-cap200": dict(rec_q_after=True, rec_maxnreg=200),
+                "qa-ch32-cap200": dict(rec_q_after=True, rec_chunk=32, rec_maxnreg=200),
+                "qa-ch32-cap168": dict(rec_q_after=True, rec_chunk=32, rec_maxnreg=168),
+                "qa-ch16-cap168": dict(rec_q_after=True, rec_chunk=16, rec_maxnreg=168),
                 "qa-cap200-bv32-w1": dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_maxnreg=200),
-                "ahead-512-qa-cap200": dict(rec_ahead=512, rec_q_after=True, rec_maxnreg=200)}
+                "qa-ch8-cap168-bv32-w1": dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_chunk=8, rec_maxnreg=168),
+                "ch16": dict(rec_chunk=16)}
 
 
 @pytest.mark.gpu

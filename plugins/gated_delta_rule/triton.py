@@ -81,6 +81,11 @@ class Tuning:
     # path; `triton_recurrent.token_steps`): with rec_maxnreg = 200 the 64 x 2 tile spills 8 B instead of 64, the
     # 32 x 1 tile none (10 programs per SM)
     rec_q_after: bool = False
+    # > 0: the many-sequence tile held as [rec_bv / rec_chunk, K, rec_chunk] (column chunks of this width; the
+    # one-tile path without TMA). Triton lays a 2-D [128, 64] tile of 2 warps as 32 rows x 4 columns per thread, so
+    # each thread also holds 32 values of k and of q; in 16-wide chunks it holds 8 rows x 4 chunks x 4 columns and 8
+    # values of each (a reduced step compiled for sm_90: 168 registers against 203)
+    rec_chunk: int = 0
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -207,7 +212,9 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STASH=ssm_stash is not None,
         STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages, TMA=pool is not ssm_pool,
-        AHEAD=0 if pool is not ssm_pool else ahead, Q_AFTER=tuning.rec_q_after, num_warps=warps,
+        AHEAD=0 if pool is not ssm_pool else ahead, Q_AFTER=tuning.rec_q_after,
+        CH=tuning.rec_chunk if not few and not sub and pool is ssm_pool and 0 < tuning.rec_chunk < BV else 0,
+        num_warps=warps,
         **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),
     )
     return o

@@ -93,14 +93,42 @@ def one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, row, p_s, p_A, p_dt, 
 
 
 @triton.jit
+def _rows(x, CH: tl.constexpr):
+    """A [BK] vector against the tile: [BK, 1] for a [BK, columns] tile, [1, BK, 1] for a [columns / CH, BK, CH] one."""
+    if CH > 0:
+        return x[None, :, None]
+    else:
+        return x[:, None]
+
+
+@triton.jit
+def _cols(x, CH: tl.constexpr):
+    """The tile's columns ([columns] or [columns / CH, CH]) against the tile (see _rows)."""
+    if CH > 0:
+        return x[:, None, :]
+    else:
+        return x[None, :]
+
+
+@triton.jit
+def _sum_rows(x, CH: tl.constexpr):
+    if CH > 0:
+        return tl.sum(x, 1)
+    else:
+        return tl.sum(x, 0)
+
+
+@triton.jit
 def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o_k, m_k, o_c, m_c, o_h, m_h,
                 s_qt, s_kt, s_vt, s_at, s_bt, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                STASH: tl.constexpr, STORE_HINT: tl.constexpr, Q_AFTER: tl.constexpr = False):
+                STASH: tl.constexpr, STORE_HINT: tl.constexpr, Q_AFTER: tl.constexpr = False,
+                CH: tl.constexpr = 0):
     """The sequence's n_t tokens through the state tile b_h [BK, columns]: o_c are the tile's columns relative to
     p_v / p_o (scalar pointers at the first token's row, head and first column of the program), o_h its offsets
     in a [K, V] state; the tile after each token goes to the stash (STASH). Returns the tile after the last.
     Q_AFTER: the output as S'^T q from the updated tile (one reduction after the update) instead of from the tile
-    as loaded beside S^T k, so the q slice is not live beside the k slice and the tile (registers: see Tuning)."""
+    as loaded beside S^T k, so the q slice is not live beside the k slice and the tile (registers: see Tuning).
+    CH > 0: the tile is [columns / CH, BK, CH] and o_c [columns / CH, CH] (see `_rows`)."""
     b_A = -tl.exp(tl.load(p_A).to(tl.float32))
     b_dt = tl.load(p_dt).to(tl.float32)
     for _ in range(0, n_t):
@@ -113,19 +141,19 @@ def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o
         # norms enter afterwards as scalars (the chain from the state load to the stores is one reduction deep):
         # with e = exp(g), S' = e S + k_n v_new^T, v_new = beta (v - e S^T k_n), o = S'^T q_n
         #   = e (S^T q) r_q + (k . q) r_k r_q v_new, r_k = 1 / |k|, r_q = scale / |q| (eps inside the sqrt)
-        b_hk = tl.sum(b_h * b_k[:, None], 0)
+        b_hk = _sum_rows(b_h * _rows(b_k, CH), CH)
         b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
         b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
         b_e = tl.exp(b_g)
         if Q_AFTER:
             b_v = b_beta * (b_v - b_e * b_rk * b_hk)
-            b_h = b_e * b_h + b_k[:, None] * (b_rk * b_v)[None, :]
-            b_o = b_rq * tl.sum(b_h * b_q[:, None], 0)
+            b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
+            b_o = b_rq * _sum_rows(b_h * _rows(b_q, CH), CH)
         else:
-            b_hq = tl.sum(b_h * b_q[:, None], 0)
+            b_hq = _sum_rows(b_h * _rows(b_q, CH), CH)
             b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
             b_v = b_beta * (b_v - b_e * b_rk * b_hk)
-            b_h = b_e * b_h + b_k[:, None] * (b_rk * b_v)[None, :]
+            b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
             b_o = b_e * b_rq * b_hq + b_kq * b_v
         if STASH:
             tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
@@ -152,7 +180,7 @@ def gdn_recurrent_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, STASH: tl.constexpr, STREAM: tl.constexpr,
     SUB: tl.constexpr = 0, SUB_STAGES: tl.constexpr = 3, TMA: tl.constexpr = False, AHEAD: tl.constexpr = 0,
-    Q_AFTER: tl.constexpr = False,
+    Q_AFTER: tl.constexpr = False, CH: tl.constexpr = 0,
 ):
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -217,8 +245,16 @@ def gdn_recurrent_kernel(
                     else:
                         tl.store(pool + o_hs, b_h, mask=m_hs, cache_modifier=STORE_HINT)
     else:
-        o_c = tl.arange(0, BV)
-        o_h = o_k[:, None] * V + o_c[None, :]
+        if CH > 0:
+            # the tile as [BV / CH, BK, CH]: Triton then lays a thread's elements over fewer rows (8 instead of 32
+            # in the 64 x 2 tile), so the k and q slices each thread holds beside the tile shrink alike
+            o_c = tl.arange(0, BV // CH)[:, None] * CH + tl.arange(0, CH)[None, :]
+            m_v = i_v * BV + o_c < V
+            o_h = _rows(o_k, CH) * V + _cols(o_c, CH)
+            m_h = _rows(m_k, CH) & _cols(m_v, CH)
+        else:
+            o_c = tl.arange(0, BV)
+            o_h = o_k[:, None] * V + o_c[None, :]
         if TMA:
             b_h = pool.load([row, 0, i_v * BV]).reshape(BK, BV)
         else:
@@ -227,7 +263,7 @@ def gdn_recurrent_kernel(
                 prefetch_ahead(pool - (slot * HV + i_hv) * K * V - i_v * BV, slots, i_v, i_hv, i_n, HV, K, V, AHEAD)
         b_h = token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, A_log + i_hv, dt_bias + i_hv, scale, eos - bos,
                           o_k, m_k, o_c, m_v, o_h, m_h, s_qt, s_kt, s_vt, s_at, s_bt, HV, K, V, STASH, STORE_HINT,
-                          Q_AFTER)
+                          Q_AFTER, CH)
         if not STASH:
             if TMA:
                 pool.store([row, 0, i_v * BV], b_h.reshape(1, BK, BV))
