@@ -1,8 +1,9 @@
 """Variant and probe measurements of bench/kernels.py (`--only floor,decode-var,prefill-var,conv-var`).
 
 Each function adds rows to a `kernels.Bench` (section = the group's name): the launch floor and a Triton copy
-(the ceilings); the decode kernel's default tilings beside its sub-tile variants (`Tuning.rec_sub`) at N = 64 and
-256, with the state traffic alone in the default grid as the ceiling, and decode with the conv update fused in
+(the ceilings); the decode kernel's default tilings beside its variants (`Tuning.rec_maxnreg`, `rec_q_after`,
+`rec_chunk`; `rec_tma`, `rec_sub`, `rec_ahead` timed before) at N = 64 and 256, with the state traffic alone in the default grid
+as the ceiling, and decode with the conv update fused in
 (a probe: the contract change it needs is described in probes.py) against the two launches of today; the
 chunked prefill's `Tuning` variants (`state_wy`) at T = 16384 and varlen 16 x 1024 (`prefill-var`), and
 its solve launch alone (`solve-probe`) on one sequence and on 16 (with and without the empty chunk slots of the grid); the conv
@@ -40,16 +41,36 @@ def floors(b) -> None:
           pct_copy_bw=100 * 8 * n / t.median_s / b.copy_bw)
 
 
-# the decode kernel's sub-tile variants (tests/test_triton_gdn.py REC_VARIANTS checks each)
-DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),
-                   ("sub bv128 w4 sub32 s3", dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_sub_stages=3)),
-                   ("sub bv64 w2 sub16 s3", dict(rec_bv=64, rec_warps=2, rec_sub=16, rec_sub_stages=3)),
-                   ("sub bv128 w4 sub16 s4", dict(rec_bv=128, rec_warps=4, rec_sub=16, rec_sub_stages=4))]
+# the decode kernel's many-sequence variants (tests/test_triton_gdn.py REC_VARIANTS checks each): the state through
+# TMA descriptors in one tile or in pipelined sub-tiles (Tuning.rec_tma, rec_sub), and the bulk L2 prefetch of a
+# later program's state (Tuning.rec_ahead); compiled for sm_90 (Triton 3.9 on the CPU) the comments give registers
+# per thread and programs per SM by registers and shared memory
+DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),  # 255 regs, 8 B spilled: 4 / SM
+                   ("cap200 bv64 w2", dict(rec_maxnreg=200)),  # 200, 64 B spilled: 5 / SM
+                   ("qa cap200 bv64 w2", dict(rec_q_after=True, rec_maxnreg=200)),  # 200, 8 B: 5 / SM
+                   ("qa ch32 cap200 bv64 w2", dict(rec_q_after=True, rec_chunk=32, rec_maxnreg=200)),  # 0 B: 5 / SM
+                   ("qa ch32 cap168 bv64 w2", dict(rec_q_after=True, rec_chunk=32, rec_maxnreg=168)),  # 72 B: 6 / SM
+                   ("qa ch16 cap168 bv64 w2", dict(rec_q_after=True, rec_chunk=16, rec_maxnreg=168)),  # 96 B: 6 / SM
+                   ("qa cap200 bv32 w1",  # 200, 0 B: 10 / SM
+                    dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_maxnreg=200)),
+                   ("qa ch8 cap168 bv32 w1",  # 168, 72 B: 12 / SM
+                    dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_chunk=8, rec_maxnreg=168))]
+# timed slower at commit e325b03 (H200, 2026-12-03-kernels-decode.md: N = 64 / 256 against the default's 76.6 /
+# 284.0 us): tma bv64 w2 89.6 / 336.6 (255 regs, 32 KB: 4 / SM), tma bv32 w2 91.9 / 347.1 (168, 16 KB: 6 / SM),
+# tma bv64 w4 103.8 / 389.9 (158, 32 KB: 3 / SM), tma sub bv128 w4 sub16 s3 84.7 / 314.5 (72, 24 KB: 7 / SM), tma
+# sub bv64 w2 sub16 s3 80.4 / 305.6 (96, 24 KB: 9 / SM), tma sub bv128 w4 sub32 s2 81.8 / 297.9 (96, 33 KB: 5 / SM),
+# ahead 1024 89.1 / 356.0, ahead 2048 87.7 / 364.5 (ahead 512: 78.5 / 280.3, timed again here)
+# the few-sequence tile at N = 1 (the TMA variants, rec_tma_few, timed slower at commit e325b03: 16 x 1 4.2 us, 8 x 1
+# 4.4 us against the default's 3.8, H200, 2026-12-03-kernels-decode.md)
+DECODE_FEW_VARIANTS = [("tile bv16 w1 (few: Tuning)", dict())]
 
 
 def decode_variants(b) -> None:
-    """At N = 64 and 256: the many-sequence tile and its sub-tile variants (one token per sequence), then the same
-    default grid moving only the state (the ceiling the step's compute is measured against)."""
+    """At N = 1 the few-sequence tile and its TMA variants; at N = 64 and 256 the many-sequence tile and its
+    variants (one token per sequence), then the same default grid moving only the state (the ceiling the step's
+    compute is measured against)."""
+    for label, change in DECODE_FEW_VARIANTS:
+        b.recurrent(1, 1, False, replace(b.gdn, **change), label, fla=False)["section"] = "decode-var"
     for n in (64, 256):
         for label, change in DECODE_VARIANTS:
             tu = replace(b.gdn, rec_few_below=0, **change)

@@ -41,6 +41,7 @@ class Launch:
     args: dict[str, Any]  # every parameter by name, constexprs included
     num_warps: int
     num_stages: int
+    maxnreg: int | None = None  # a launch's register cap per thread (ptxas .maxnreg), where it sets one
 
     @property
     def name(self) -> str:
@@ -65,14 +66,14 @@ class _Recorder:
         self.fn, self.log = fn, log
 
     def __getitem__(self, grid):
-        def launch(*args, num_warps: int = 4, num_stages: int = 3, **kwargs):
+        def launch(*args, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None, **kwargs):
             defaults = {n: p.default for n, p in inspect.signature(self.fn.fn).parameters.items()
                         if p.default is not inspect.Parameter.empty}
             bound = {**defaults, **dict(zip(self.fn.arg_names, args)), **kwargs}
             missing = [n for n in self.fn.arg_names if n not in bound]
             if missing:
                 raise TypeError(f"{self.fn.__name__}: launch without {missing}")
-            self.log.append(Launch(self.fn, bound, num_warps, num_stages))
+            self.log.append(Launch(self.fn, bound, num_warps, num_stages, maxnreg))
 
         return launch
 
@@ -129,6 +130,8 @@ def compile_launch(launch: Launch) -> Compiled:
     # fp fusion on: the JIT's default up to Triton 3.9 (the H200 machine runs 3.6); saying so also silences 3.9's
     # warning about the default changing
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages, enable_fp_fusion=True)
+    if launch.maxnreg:
+        options["maxnreg"] = launch.maxnreg
     k = triton.compile(src, target=TARGET, options=options)
     seconds = time.perf_counter() - t0
     regs, stack = _resource_usage(k.asm["cubin"])

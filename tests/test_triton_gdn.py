@@ -151,11 +151,28 @@ def test_prefill_varlen(heads, dtype):
     check_chunked(VARLEN_STEP, heads, dtype, "cuda")
 
 
-# the decode kernel's sub-tile variants (Tuning.rec_sub) that bench/kernels.py times beside the default tilings
-# (its decode-var section), forced into the many-sequence tiling here
+# the decode kernel's variants that bench/kernels.py times beside the default tilings (its decode-var section),
+# forced into the many-sequence tiling here (the few-sequence ones, rec_*_few, take the few-sequence tiling anyway:
+# rec_few_below is lifted only for the others)
 REC_VARIANTS = {"bv128-w4-sub32": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_sub_stages=3),
                 "bv64-w2-sub16": dict(rec_bv=64, rec_warps=2, rec_sub=16, rec_sub_stages=3),
-                "bv128-w4-sub16-s4": dict(rec_bv=128, rec_warps=4, rec_sub=16, rec_sub_stages=4)}
+                "bv128-w4-sub16-s4": dict(rec_bv=128, rec_warps=4, rec_sub=16, rec_sub_stages=4),
+                "tma-bv64-w2": dict(rec_tma=True),
+                "tma-bv32-w2": dict(rec_bv=32, rec_warps=2, rec_tma=True),
+                "tma-bv64-w4": dict(rec_bv=64, rec_warps=4, rec_tma=True),
+                "tma-bv128-w4-sub16": dict(rec_bv=128, rec_warps=4, rec_sub=16, rec_sub_stages=3, rec_tma=True),
+                "tma-bv64-w2-sub16": dict(rec_bv=64, rec_warps=2, rec_sub=16, rec_sub_stages=3, rec_tma=True),
+                "tma-bv128-w4-sub32-s2": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_sub_stages=2, rec_tma=True),
+                "ahead-512": dict(rec_ahead=512), "ahead-1024": dict(rec_ahead=1024),
+                "ahead-2048": dict(rec_ahead=2048), "ahead-3": dict(rec_ahead=3),
+                "tma-few-bv16": dict(rec_tma_few=True), "tma-few-bv8": dict(rec_bv_few=8, rec_tma_few=True),
+                "cap200": dict(rec_maxnreg=200), "qa-cap200": dict(rec_q_after=True, rec_maxnreg=200),
+                "qa-ch32-cap200": dict(rec_q_after=True, rec_chunk=32, rec_maxnreg=200),
+                "qa-ch32-cap168": dict(rec_q_after=True, rec_chunk=32, rec_maxnreg=168),
+                "qa-ch16-cap168": dict(rec_q_after=True, rec_chunk=16, rec_maxnreg=168),
+                "qa-cap200-bv32-w1": dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_maxnreg=200),
+                "qa-ch8-cap168-bv32-w1": dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_chunk=8, rec_maxnreg=168),
+                "ch16": dict(rec_chunk=16)}
 
 
 @pytest.mark.gpu
@@ -163,7 +180,8 @@ REC_VARIANTS = {"bv128-w4-sub32": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_
 @pytest.mark.parametrize("variant", list(REC_VARIANTS))
 def test_recurrent_variants(variant, dtype, monkeypatch):
     tri = _tri()
-    monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, rec_few_below=0, **REC_VARIANTS[variant]))
+    few = dict() if variant.startswith("tma-few") else dict(rec_few_below=0)
+    monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, **few, **REC_VARIANTS[variant]))
     check_recurrent(_decode_step(33), QWEN3_NEXT, dtype, "cuda", stash=False, pool_rows=4 * 33)
     check_recurrent(_decode_step(9), ODD[2], dtype, "cuda", stash=False, pool_rows=36)  # V = 48: masked sub-tiles
     for stash in (False, True):  # several tokens per sequence: the sub-tile loop without pipelining
@@ -243,9 +261,15 @@ def _steps_same_shape() -> list[Step]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["recurrent", "recurrent_stash", "chunked"])
-def test_cuda_graph(op):
+@pytest.mark.parametrize("op", ["recurrent", "recurrent_stash", "chunked", "recurrent:tma-bv64-w2",
+                                "recurrent:tma-bv128-w4-sub16", "recurrent_stash:tma-bv64-w2", "recurrent:ahead-3"])
+def test_cuda_graph(op, monkeypatch):
     from gdn_trt.plugins.gated_delta_rule import op as gdn_op
+
+    op, _, variant = op.partition(":")
+    if variant:  # a decode variant in the many-sequence tiling: its descriptor or prefetch captured in the graph
+        tri = _tri()
+        monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, rec_few_below=0, **REC_VARIANTS[variant]))
 
     steps = _steps_same_shape()
     x, pack, pool = make_inputs(steps[0], QWEN3_NEXT, torch.bfloat16, "cuda")

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 import triton
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..packing import Capture, Packing
 from .io import GdnInputs
@@ -55,6 +56,37 @@ class Tuning:
     # 32-wide, 3 stages) 77.2 / 292.2 us against the tile's 76.8 / 283.7 at N = 64 / 256 (2026-12-03-kernels-round2.md).
     rec_sub: int = 0
     rec_sub_stages: int = 3
+    # The state tile loaded and stored by the Hopper tensor-memory accelerator (TMA: one bulk copy per tile through
+    # shared memory, from a host-side descriptor of the pool as [S * HV, K, V]; the slot picks the row), in one
+    # tile or in the sub-tiles above (their loads pipelined over rec_sub_stages). Many / few sequences; used where
+    # the GPU has TMA (sm_90+) and V * 4 is a multiple of 16. Timed slower in every form: N = 64 / 256 in 64 x 2
+    # 89.6 / 336.6 us against the plain tile's 76.6 / 284.0, in sub-tiles at best 80.4 / 297.9 (64 x 2 by 16, 128 x
+    # 4 by 32); N = 1 in 16 x 1 4.18 against 3.80 us (H200, 2026-12-03-kernels-decode.md). The tile lands in shared
+    # memory and is read back into as many registers as the plain load fills (255), so no more programs fit per SM.
+    rec_tma: bool = False
+    rec_tma_few: bool = False
+    # > 0: each program of the many-sequence tile (one tile, no TMA) bulk-prefetches into L2 the state that the
+    # program this many places later in launch order will load (`triton_recurrent.prefetch_ahead`), so DRAM reads
+    # run ahead of the programs resident on an SM, L2 holding the distance. Timed: 512 ahead 78.5 / 280.3 us at N =
+    # 64 / 256 against 76.6 / 284.0; 1024 and 2048 ahead 89.1 / 356.0 and 87.7 / 364.5 (32-64 MB ahead against the
+    # 50 MB L2: lines evicted before use; H200, 2026-12-03-kernels-decode.md).
+    rec_ahead: int = 0
+    # > 0: a register cap per thread for the many-sequence tile (ptxas .maxnreg). The DRAM reads a program keeps in
+    # flight are its state tile, and the programs resident on an SM are bound by registers (65536 per SM, in steps
+    # of 256 per warp): the 64 x 2 tile at 255 registers fits 4 programs (128 KB of state in flight per SM), capped
+    # at 200 it fits 5 (160 KB; 64 B spilled, sm_90 compile). The grid moving only the state fits 5 programs of the
+    # 64 x 2 tile (196 registers) and reaches 93.9 / 96.8 % of the copy rate at N = 64 / 256.
+    rec_maxnreg: int = 0
+    # the output from the updated tile (o = S'^T q, one reduction after the update) instead of from the loaded tile
+    # beside S^T k: the q slice of the thread's 32 rows is then not live beside the k slice and the tile (the one-tile
+    # path; `triton_recurrent.token_steps`): with rec_maxnreg = 200 the 64 x 2 tile spills 8 B instead of 64, the
+    # 32 x 1 tile none (10 programs per SM)
+    rec_q_after: bool = False
+    # > 0: the many-sequence tile held as [rec_bv / rec_chunk, K, rec_chunk] (column chunks of this width; the
+    # one-tile path without TMA). Triton lays a 2-D [128, 64] tile of 2 warps as 32 rows x 4 columns per thread, so
+    # each thread also holds 32 values of k and of q; in 16-wide chunks it holds 8 rows x 4 chunks x 4 columns and 8
+    # values of each (a reduced step compiled for sm_90: 168 registers against 203)
+    rec_chunk: int = 0
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -182,23 +214,45 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         return o
     BV, warps = _rec_tiling(tuning, V, HV * N)
     sub = tuning.rec_sub if 0 < tuning.rec_sub < BV else 0
-    gdn_recurrent_kernel[(triton.cdiv(V, BV), HV, N)](
-        q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, ssm_pool if ssm_stash is None else ssm_stash,
+    BK = triton.next_power_of_2(K)
+    pool = ssm_pool
+    few = _rec_few(tuning, V, HV * N)
+    tma = tuning.rec_tma_few if few else tuning.rec_tma
+    NV = triton.cdiv(V, BV)
+    ahead = tuning.rec_ahead if not few and not sub and (K * V) % (4 * NV) == 0 and _has_tma(ssm_pool.device) else 0
+    if tma and _has_tma(ssm_pool.device) and V % 4 == 0 and ssm_pool.data_ptr() % 16 == 0:
+        pool = TensorDescriptor(ssm_pool.view(-1, K, V), [ssm_pool.numel() // (K * V), K, V], [K * V, V, 1],
+                                [1, BK, sub or BV])
+    gdn_recurrent_kernel[(NV, HV, N)](
+        q, k, v, a, b, x.A_log, x.dt_bias, o, pool, ssm_pool if ssm_stash is None else ssm_stash,
         pack.cu_seqlens, pack.slots,
         *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
-        H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, STASH=ssm_stash is not None,
-        STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STASH=ssm_stash is not None,
+        STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages, TMA=pool is not ssm_pool,
+        AHEAD=0 if pool is not ssm_pool else ahead, Q_AFTER=tuning.rec_q_after,
+        CH=tuning.rec_chunk if not few and not sub and pool is ssm_pool and 0 < tuning.rec_chunk < BV else 0,
         num_warps=warps,
+        **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),
     )
     return o
 
 
+def _rec_few(tuning: Tuning, V: int, sequence_heads: int) -> bool:
+    """Whether the recurrent kernel takes its few-sequence tiling (see Tuning)."""
+    return triton.cdiv(V, min(tuning.rec_bv, triton.next_power_of_2(V))) * sequence_heads < tuning.rec_few_below
+
+
 def _rec_tiling(tuning: Tuning, V: int, sequence_heads: int) -> tuple[int, int]:
     """(V-tile, warps) of the recurrent kernel, whose grid is V-tiles x value heads x sequences (see Tuning)."""
-    bv = min(tuning.rec_bv, triton.next_power_of_2(V))
-    if triton.cdiv(V, bv) * sequence_heads < tuning.rec_few_below:
+    if _rec_few(tuning, V, sequence_heads):
         return min(tuning.rec_bv_few, triton.next_power_of_2(V)), tuning.rec_warps_few
-    return bv, tuning.rec_warps
+    return min(tuning.rec_bv, triton.next_power_of_2(V)), tuning.rec_warps
+
+
+@functools.cache
+def _has_tma(dev: torch.device) -> bool:
+    # off CUDA: the interpreter runs descriptors, and the sm_90 compile check records them as the H200 runs them
+    return dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] >= 9
 
 
 H200_SMS = 132

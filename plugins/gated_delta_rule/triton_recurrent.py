@@ -21,15 +21,44 @@ def softplus(x):
 
 
 @triton.jit
-def one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, p_s, p_A, p_dt, scale, i_v, o_k, m_k,
-                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, SUB: tl.constexpr,
-                       STAGES: tl.constexpr, STASH: tl.constexpr, LOAD_HINT: tl.constexpr, STORE_HINT: tl.constexpr):
+def prefetch_l2(ptr, nbytes):
+    """One bulk L2 prefetch (`cp.async.bulk.prefetch.L2`, sm_90) of nbytes (a multiple of 16) at ptr (16-byte
+    aligned), issued by the program's first thread: the data lands in L2 with no register or shared memory held."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred %pf; .reg .u32 %tf; mov.u32 %tf, %tid.x; setp.eq.u32 %pf, %tf, 0; "
+        "@%pf cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_ahead(pool, slots, i_v, i_hv, i_n, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   AHEAD: tl.constexpr):
+    """Bulk-prefetch into L2 the state of the program AHEAD places later in launch order (V-tiles fastest, then
+    value heads, then sequences), as the contiguous 1/NV of its head's state [K, V] that its V-tile index picks
+    (the NV programs of a head cover the head's state between them): those programs then load from L2, and the
+    reads in flight no longer wait on the registers of resident programs. pool: the pool's base pointer."""
+    NV = tl.num_programs(0)
+    j = (i_n * HV + i_hv) * NV + i_v + AHEAD
+    if j < NV * HV * tl.num_programs(2):
+        j_v = j % NV
+        j_hv = (j // NV) % HV
+        j_slot = tl.load(slots + j // (NV * HV)).to(tl.int64)
+        if j_slot >= 0:
+            chunk = (K * V) // NV
+            prefetch_l2(pool + (j_slot * HV + j_hv) * K * V + j_v * chunk, (chunk * 4).to(tl.int32))
+
+
+@triton.jit
+def one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, row, p_s, p_A, p_dt, scale, i_v, o_k, m_k,
+                       K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SUB: tl.constexpr,
+                       STAGES: tl.constexpr, STASH: tl.constexpr, TMA: tl.constexpr, LOAD_HINT: tl.constexpr,
+                       STORE_HINT: tl.constexpr):
     """A one-token sequence's step over the program's BV columns as BV / SUB sub-tiles [K, SUB] in a runtime loop
     that Triton software-pipelines (`STAGES`: the state loads of the next sub-tiles go to shared memory by
     cp.async while this one is reduced, updated and stored), so the program keeps state loads in flight through
     its compute and stores. The token's scalars (gates, norms, k.q) are computed once, not per sub-tile.
     Scalar pointers at the token's row and head: p_v, p_o at the program's first column, pool / p_s at the
-    (sequence, head) state / stash row."""
+    (sequence, head) state / stash row; with TMA, pool is the pool's descriptor and row the state's row in it."""
     b_q = tl.load(p_q + o_k, mask=m_k, other=0.0).to(tl.float32)
     b_k = tl.load(p_k + o_k, mask=m_k, other=0.0).to(tl.float32)
     b_A = -tl.exp(tl.load(p_A).to(tl.float32))
@@ -44,9 +73,12 @@ def one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, p_s, p_A, p_dt, scale
     for i_s in tl.range(0, BV // SUB, num_stages=STAGES):
         o_s = i_s * SUB + tl.arange(0, SUB)
         m_s = i_v * BV + o_s < V
-        o_hs = o_k[:, None] * V + i_v * BV + o_s[None, :]
+        o_hs = o_k[:, None] * V + o_s[None, :]
         m_hs = m_k[:, None] & m_s[None, :]
-        b_h = tl.load(pool + o_hs, mask=m_hs, other=0.0, eviction_policy=LOAD_HINT)
+        if TMA:
+            b_h = pool.load([row, 0, i_v * BV + i_s * SUB]).reshape(BK, SUB)
+        else:
+            b_h = tl.load(pool + o_hs, mask=m_hs, other=0.0, eviction_policy=LOAD_HINT)
         b_hk = tl.sum(b_h * b_k[:, None], 0)
         b_hq = tl.sum(b_h * b_q[:, None], 0)
         b_v = b_beta * (tl.load(p_v + o_s, mask=m_s, other=0.0).to(tl.float32) - b_ek * b_hk)
@@ -54,17 +86,49 @@ def one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, p_s, p_A, p_dt, scale
         b_h = b_e * b_h + b_kn[:, None] * b_v[None, :]
         if STASH:
             tl.store(p_s + o_hs, b_h, mask=m_hs, cache_modifier=STORE_HINT)
+        elif TMA:
+            pool.store([row, 0, i_v * BV + i_s * SUB], b_h.reshape(1, BK, SUB))
         else:
             tl.store(pool + o_hs, b_h, mask=m_hs, cache_modifier=STORE_HINT)
 
 
 @triton.jit
+def _rows(x, CH: tl.constexpr):
+    """A [BK] vector against the tile: [BK, 1] for a [BK, columns] tile, [1, BK, 1] for a [columns / CH, BK, CH] one."""
+    if CH > 0:
+        return x[None, :, None]
+    else:
+        return x[:, None]
+
+
+@triton.jit
+def _cols(x, CH: tl.constexpr):
+    """The tile's columns ([columns] or [columns / CH, CH]) against the tile (see _rows)."""
+    if CH > 0:
+        return x[:, None, :]
+    else:
+        return x[None, :]
+
+
+@triton.jit
+def _sum_rows(x, CH: tl.constexpr):
+    if CH > 0:
+        return tl.sum(x, 1)
+    else:
+        return tl.sum(x, 0)
+
+
+@triton.jit
 def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o_k, m_k, o_c, m_c, o_h, m_h,
                 s_qt, s_kt, s_vt, s_at, s_bt, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                STASH: tl.constexpr, STORE_HINT: tl.constexpr):
+                STASH: tl.constexpr, STORE_HINT: tl.constexpr, Q_AFTER: tl.constexpr = False,
+                CH: tl.constexpr = 0):
     """The sequence's n_t tokens through the state tile b_h [BK, columns]: o_c are the tile's columns relative to
     p_v / p_o (scalar pointers at the first token's row, head and first column of the program), o_h its offsets
-    in a [K, V] state; the tile after each token goes to the stash (STASH). Returns the tile after the last."""
+    in a [K, V] state; the tile after each token goes to the stash (STASH). Returns the tile after the last.
+    Q_AFTER: the output as S'^T q from the updated tile (one reduction after the update) instead of from the tile
+    as loaded beside S^T k, so the q slice is not live beside the k slice and the tile (registers: see Tuning).
+    CH > 0: the tile is [columns / CH, BK, CH] and o_c [columns / CH, CH] (see `_rows`)."""
     b_A = -tl.exp(tl.load(p_A).to(tl.float32))
     b_dt = tl.load(p_dt).to(tl.float32)
     for _ in range(0, n_t):
@@ -77,19 +141,24 @@ def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o
         # norms enter afterwards as scalars (the chain from the state load to the stores is one reduction deep):
         # with e = exp(g), S' = e S + k_n v_new^T, v_new = beta (v - e S^T k_n), o = S'^T q_n
         #   = e (S^T q) r_q + (k . q) r_k r_q v_new, r_k = 1 / |k|, r_q = scale / |q| (eps inside the sqrt)
-        b_hk = tl.sum(b_h * b_k[:, None], 0)
-        b_hq = tl.sum(b_h * b_q[:, None], 0)
+        b_hk = _sum_rows(b_h * _rows(b_k, CH), CH)
         b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
         b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
-        b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
         b_e = tl.exp(b_g)
-        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
-        b_h = b_e * b_h + (b_k * b_rk)[:, None] * b_v[None, :]
-        b_o = b_e * b_rq * b_hq + b_kq * b_v
-        tl.store(p_o + o_c, b_o.to(p_o.dtype.element_ty), mask=m_c)
+        if Q_AFTER:
+            b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+            b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
+            b_o = b_rq * _sum_rows(b_h * _rows(b_q, CH), CH)
+        else:
+            b_hq = _sum_rows(b_h * _rows(b_q, CH), CH)
+            b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
+            b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+            b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
+            b_o = b_e * b_rq * b_hq + b_kq * b_v
         if STASH:
             tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
             p_s += HV * K * V
+        tl.store(p_o + o_c, b_o.to(p_o.dtype.element_ty), mask=m_c)
         p_q += s_qt
         p_k += s_kt
         p_v += s_vt
@@ -103,14 +172,15 @@ def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o
 def gdn_recurrent_kernel(
     q, k, v, a, b, A_log, dt_bias,  # q, k [T, H, K]; v [T, HV, V]; a, b [T, HV]: strided views
     o,  # [T, HV, V] contiguous, activation dtype
-    pool,  # [S, HV, K, V] fp32, contiguous
+    pool,  # [S, HV, K, V] fp32, contiguous; TMA: a tensor descriptor of it as [S * HV, K, V], block [1, BK, BV or SUB]
     stash,  # [T, HV, K, V] fp32 (STASH) or the pool again (unused)
     cu_seqlens, slots,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_at, s_ah, s_bt, s_bh,
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, STASH: tl.constexpr, STREAM: tl.constexpr,
-    SUB: tl.constexpr = 0, SUB_STAGES: tl.constexpr = 3,
+    SUB: tl.constexpr = 0, SUB_STAGES: tl.constexpr = 3, TMA: tl.constexpr = False, AHEAD: tl.constexpr = 0,
+    Q_AFTER: tl.constexpr = False, CH: tl.constexpr = 0,
 ):
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -134,7 +204,12 @@ def gdn_recurrent_kernel(
     if eos == bos:
         return  # no tokens (a verify row without drafts): the state stays as it is
 
-    pool += (slot * HV + i_hv) * K * V
+    row = (slot * HV + i_hv).to(tl.int32)  # the state's row in the TMA descriptor
+    # the program's offsets (sequence, head, V-tile) go into the scalar base pointers and the tile's offsets stay
+    # compile-time constants per thread: with the V-tile offset inside the int32 offset tensor, every 16-byte vector
+    # kept its own 64-bit address for the store (sm_90: 254 registers and 72 B spilled in the 64 x 2 tile)
+    if not TMA:
+        pool += (slot * HV + i_hv) * K * V + i_v * BV
     # STREAM: the state tile (and each stash row) is touched once per launch: evict-first loads and streaming
     # stores keep it from evicting the small operands from L2 (+6 pp of copy bandwidth at N=256, bench sweep)
     LOAD_HINT: tl.constexpr = "evict_first" if STREAM else ""
@@ -145,29 +220,52 @@ def gdn_recurrent_kernel(
     p_a = a + bos * s_at + i_hv * s_ah
     p_b = b + bos * s_bt + i_hv * s_bh
     p_o = o + (bos * HV + i_hv) * V + i_v * BV
-    p_s = stash + (bos * HV + i_hv) * K * V
+    p_s = stash + (bos * HV + i_hv) * K * V + i_v * BV
     if SUB > 0:
         # the program's BV columns as BV / SUB sub-tiles (registers for one [K, SUB] tile only)
         if eos - bos == 1:
-            one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, p_s, A_log + i_hv, dt_bias + i_hv, scale, i_v,
-                               o_k, m_k, K, V, BV, SUB, SUB_STAGES, STASH, LOAD_HINT, STORE_HINT)
+            one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, row, p_s, A_log + i_hv, dt_bias + i_hv, scale,
+                               i_v, o_k, m_k, K, V, BK, BV, SUB, SUB_STAGES, STASH, TMA, LOAD_HINT, STORE_HINT)
         else:
             for i_s in range(0, BV // SUB):
                 o_s = i_s * SUB + tl.arange(0, SUB)
                 m_s = i_v * BV + o_s < V
-                o_hs = o_k[:, None] * V + i_v * BV + o_s[None, :]
+                o_hs = o_k[:, None] * V + o_s[None, :]
                 m_hs = m_k[:, None] & m_s[None, :]
-                b_h = tl.load(pool + o_hs, mask=m_hs, other=0.0, eviction_policy=LOAD_HINT)
+                if TMA:
+                    b_h = pool.load([row, 0, i_v * BV + i_s * SUB]).reshape(BK, SUB)
+                else:
+                    b_h = tl.load(pool + o_hs, mask=m_hs, other=0.0, eviction_policy=LOAD_HINT)
                 b_h = token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, A_log + i_hv, dt_bias + i_hv, scale,
                                   eos - bos, o_k, m_k, o_s, m_s, o_hs, m_hs, s_qt, s_kt, s_vt, s_at, s_bt,
                                   HV, K, V, STASH, STORE_HINT)
                 if not STASH:
-                    tl.store(pool + o_hs, b_h, mask=m_hs, cache_modifier=STORE_HINT)
-        return
-    o_c = tl.arange(0, BV)
-    o_h = o_k[:, None] * V + o_v[None, :]
-    b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
-    b_h = token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, A_log + i_hv, dt_bias + i_hv, scale, eos - bos,
-                      o_k, m_k, o_c, m_v, o_h, m_h, s_qt, s_kt, s_vt, s_at, s_bt, HV, K, V, STASH, STORE_HINT)
-    if not STASH:
-        tl.store(pool + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
+                    if TMA:
+                        pool.store([row, 0, i_v * BV + i_s * SUB], b_h.reshape(1, BK, SUB))
+                    else:
+                        tl.store(pool + o_hs, b_h, mask=m_hs, cache_modifier=STORE_HINT)
+    else:
+        if CH > 0:
+            # the tile as [BV / CH, BK, CH]: Triton then lays a thread's elements over fewer rows (8 instead of 32
+            # in the 64 x 2 tile), so the k and q slices each thread holds beside the tile shrink alike
+            o_c = tl.arange(0, BV // CH)[:, None] * CH + tl.arange(0, CH)[None, :]
+            m_v = i_v * BV + o_c < V
+            o_h = _rows(o_k, CH) * V + _cols(o_c, CH)
+            m_h = _rows(m_k, CH) & _cols(m_v, CH)
+        else:
+            o_c = tl.arange(0, BV)
+            o_h = o_k[:, None] * V + o_c[None, :]
+        if TMA:
+            b_h = pool.load([row, 0, i_v * BV]).reshape(BK, BV)
+        else:
+            b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
+            if AHEAD > 0:
+                prefetch_ahead(pool - (slot * HV + i_hv) * K * V - i_v * BV, slots, i_v, i_hv, i_n, HV, K, V, AHEAD)
+        b_h = token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, A_log + i_hv, dt_bias + i_hv, scale, eos - bos,
+                          o_k, m_k, o_c, m_v, o_h, m_h, s_qt, s_kt, s_vt, s_at, s_bt, HV, K, V, STASH, STORE_HINT,
+                          Q_AFTER, CH)
+        if not STASH:
+            if TMA:
+                pool.store([row, 0, i_v * BV], b_h.reshape(1, BK, BV))
+            else:
+                tl.store(pool + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
