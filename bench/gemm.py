@@ -112,15 +112,17 @@ def sweep(ops: dict[str, Operands], deadline: float, t0: float) -> tuple[list[di
 
 
 def apply_table(best: dict[int, tuple[C, float, float]], date: str) -> None:
-    """Writes the sweep's winners into gemm.TABLE (source and the running module) and the crossover into
-    op.GEMM_MAX_M: the buckets from M = 1 up to the first one where the best launch does not beat cuBLAS."""
-    table = []
-    for M in sorted(best):
-        cfg, ours, cublas = best[M]
-        if ours >= cublas:
+    """Writes the sweep's winners into gemm.TABLE (source and the running module; every bucket, so that the tests run
+    the kernel at every decode-sized M) and the crossover into op.GEMM_MAX_M: the last bucket of the run from M = 1
+    where the best launch beats cuBLAS."""
+    table = [(M, *best[M]) for M in sorted(best)]
+    table = [(m, cfg, ours / cublas) for m, cfg, ours, cublas in table]
+    wins = 0
+    for m, _, r in table:
+        if r >= 1:
             break
-        table.append((M, cfg, ours / cublas))
-    if not table:
+        wins = m
+    if not wins:
         raise SystemExit("no M bucket where the skinny GEMM beats cuBLAS: table left as it was")
     root = Path(gemm.__file__).resolve().parent
     lines = "".join(f"    ({m}, Config({c.bm}, {c.bn}, {c.bk}, {c.stages}, {c.warps}{'' if c.dot else ', dot=False'})),"
@@ -136,10 +138,10 @@ def apply_table(best: dict[int, tuple[C, float, float]], date: str) -> None:
     (root / "gemm.py").write_text(src)
     op_src = (root / "op.py").read_text()
     at = op_src.index("GEMM_MAX_M = ")
-    op_src = op_src[:at] + f"GEMM_MAX_M = {table[-1][0]}" + op_src[op_src.index("\n", at):]
+    op_src = op_src[:at] + f"GEMM_MAX_M = {wins}" + op_src[op_src.index("\n", at):]
     (root / "op.py").write_text(op_src)
     gemm.TABLE = tuple((m, c) for m, c, _ in table)
-    glue.GEMM_MAX_M = table[-1][0]
+    glue.GEMM_MAX_M = wins
     print("applied table", gemm.TABLE, "crossover", glue.GEMM_MAX_M, flush=True)
 
 

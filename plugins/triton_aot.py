@@ -162,10 +162,13 @@ def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), le
     tu = replace(gdn.TUNING, **tuning)
     cap = Capture(torch.full((N,), -1, dtype=torch.int32), torch.zeros(N, HV, K, V))
     launches = record(gdn, lambda: gdn.launch_chunked(x, pack, pool, cap, tu))
-    # the state pass in the other tiling too (the number of sequences x value heads picks one: gdn._state_tiling)
+    # the state pass in the other tiling too (the number of sequences x value heads picks one: gdn._state_tiling),
+    # and the w/u pass where only one tiling runs it (the many-sequence one forms v_new itself: Tuning.state_wy_many)
     single = tu.single_sequence_tiling()
+    names = {launch.name for launch in launches}
     launches += [launch for launch in record(gdn, lambda: gdn.launch_chunked(x, pack, pool, cap, single))
-                 if launch.name == "gdn_chunk_state_kernel" and _tiling(launch) not in map(_tiling, launches)]
+                 if (launch.name == "gdn_chunk_state_kernel" and _tiling(launch) not in map(_tiling, launches))
+                 or launch.name not in names]
     ones = Packing(torch.arange(N + 1, dtype=torch.int32), pack.slots)
     x1 = GdnInputs(*(t[:N] for t in (x.q, x.k, x.v, x.a, x.b)), x.A_log, x.dt_bias)
     # the recurrent kernel in both tilings: few sequences (these N) and many (`Tuning.rec_few_below` lifted)

@@ -132,9 +132,13 @@ class Tuning:
     # 541 MB (T 67, k 67, v 134 read; w, u 134 each written) in 192 us, 2.8 TB/s; the state pass reads w and u
     # (268 MB) where this form reads T and v (201 MB), so the prefill moves 1.56 GB instead of 2.17. The cost: one
     # [BT, BT] x [BT, BV] product more per chunk on the state pass's sequential chain (352 us for one sequence,
-    # 1.37 us per chunk). Not yet timed on the H200 (the device calls of 2026-12-03 got no machine): off.
+    # 1.37 us per chunk). Timed (H200, 2026-12-03-kernels-final.md, one run): for many sequences the longer chain
+    # is hidden by the other sequences' programs and the saved pass shows: 16 x 1024 in 738.6 us against 888.5 (with
+    # state_bv 16 736.3, with state_kb 737.0; in one block 752.0), so on for the many-sequence tiling. For one
+    # sequence the chain is the critical path: T = 16384 1201.6 against 961.0 us (state_bv 16 1164.3, 8 warps
+    # 1268.2, K halves 1192.5), so off there.
     state_wy: bool = False
-    state_wy_many: bool = False
+    state_wy_many: bool = True
     out_bv: int = 128
     out_warps: int = 4
     # 1 / |q| per row computed in pass 1 (from q loads beside its k loads, off the solve's dependent chain) and

@@ -26,10 +26,10 @@ from .io import PleNorms, check_rows, check_same, check_vector
 
 _BACKENDS = library.Backends(naive, "gdn_trt.plugins.glue.triton")
 # the skinny GEMM (gemm.py) takes a projection when 1 <= M <= GEMM_MAX_M and N >= GEMM_MIN_N. GEMM_MAX_M is the
-# crossover with cuBLAS on the H200, written here by `bench/gemm.py --sweep --apply`; 0 (every call to F.linear) until
-# that run: the kernel is checked (interpreter, sm_90 compile) but not yet timed. Below GEMM_MIN_N its N-tiles
-# cannot fill the 132 SMs (no split-K).
-GEMM_MAX_M = 0
+# crossover with cuBLAS on the H200, written here by `bench/gemm.py --sweep --apply`: M = 1 only (in_proj + out_proj
+# of Qwen3-Next 21.8 against cuBLAS's 24.8 us; from M = 2 cuBLAS is 1-16 % faster; 2026-12-03-gemm-sweep.md).
+# Below GEMM_MIN_N its N-tiles cannot fill the 132 SMs (no split-K).
+GEMM_MAX_M = 1
 GEMM_MIN_N = 1024
 _GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
