@@ -344,10 +344,11 @@ def reading(rows: list[dict]) -> str:
             continue
         host_bound = r["enqueue_us"] > r["device_us"]
         say(r["enqueue_us"] <= 40, f"decode N={n}: host enqueue {r['enqueue_us']:.1f} us <= 40 us",
-            "the host's open (request check, index copy) + graph launch + close: see bench/host_cpu.py for the split")
+            "the open (request check) + input copy, graph launch, output copy + close (fence event): "
+            "bench/host_profile.py splits them; the `static` row leaves out the two copies")
         say((r["wall_over_device"] or 9) <= 1.1, f"decode N={n}: wall {r['wall_us']:.0f} us <= 1.1 x device "
             f"{r['device_us']:.0f} us", "host-bound: the enqueue exceeds the device time" if host_bound else
-            "gaps on the device between the step's launches (index copy, graph segments, output copy)")
+            "gaps on the device between the step's launches (input copy, graph, output copy)")
         bound = 2.0 if n == 1 else 1.25 if n >= 64 else None
         if bound and r["device_over_floor"]:
             say(r["device_over_floor"] <= bound, f"decode N={n}: device / floor {r['device_over_floor']:.2f} <= "
