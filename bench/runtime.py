@@ -69,7 +69,8 @@ def configs(smoke: bool = False) -> dict[str, GdnConfig]:
                                                                   name="qwen4-exp-4L-ple")
     if not smoke:
         ple = ple.replace(ngram_vocab_size_base=5_000)
-    return {"ours": next4, "static": next4, "dict": next4, "ple": ple, "noPLE": ple.replace(ple_layer_ids=(), name="qwen4-exp-4L")}
+    return {"ours": next4, "static": next4, "dict": next4, "ple": ple,
+            "noPLE": ple.replace(ple_layer_ids=(), name="qwen4-exp-4L")}
 
 
 @dataclass
@@ -392,7 +393,8 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(17, 4.8))
-    for stack, style in (("ours", "o-"), ("static", "d-"), ("dict", "s--"), ("ple", "^-"), ("noPLE", "v:"), ("hf", "x-")):
+    for stack, style in (("ours", "o-"), ("static", "d-"), ("dict", "s--"), ("ple", "^-"), ("noPLE", "v:"),
+                         ("hf", "x-")):
         rs = [r for r in rows if r["stack"] == stack and r["case"].startswith("decode") and not r["error"]]
         if not rs:
             continue

@@ -1,17 +1,17 @@
 """CUDA-graph cache for decode steps: one entry per (engines, mode, bucket), captured piecewise around vetoed layers.
 
 An entry reads a fixed activation buffer for `bucket` sequences (x, one per bucket size, shared by the entries of
-that size: steps run one at a time; the residual before the first layer is zeros) and the step's index data where the step put it: the slots (-1 past the step's sequences), cu_seqlens and
-LoRA slots of a decode group padded to its bucket sit at the start of the session's index buffer
-(`pack.PackBuffers`), the same addresses every step, and its PLE rows at the start of each prestage's fixed buffer,
-padding rows zero, staged when the step opened. A step of N <= bucket sequences copies its x into rows 0..N-1 (a host
-that wrote its x there itself, `input_rows`, saves the copy); the ops skip the padding slots (padding never writes a
-pool row). The last captured segment also holds the final residual add, so a replay is one launch and its output
-one fixed buffer, copied out unless the caller takes the view (`run(..., copy=False)`). The adapter slot weights are read in place, so
-adapters uploaded between replays are what the next replay uses. The stack is cut into segments of consecutive
-layers: a segment whose layers have no capture veto is captured once (after a warm-up, with every slot -1, so
-neither warm-up nor capture writes state; the step's slots are put back afterwards) and replayed; a vetoed segment
-runs eagerly on the same padded buffers.
+that size: steps run one at a time; the residual before the first layer is zeros) and the step's index data where the
+step put it: the slots (-1 past the step's sequences), cu_seqlens and LoRA slots of a decode group padded to its
+bucket sit at the start of the session's index buffer (`pack.PackBuffers`), the same addresses every step, and its
+PLE rows at the start of each prestage's fixed buffer, padding rows zero, staged when the step opened. A step of N <=
+bucket sequences copies its x into rows 0..N-1 (a host that wrote its x there itself, `input_rows`, saves the copy);
+the ops skip the padding slots (padding never writes a pool row). The last captured segment also holds the final
+residual add, so a replay is one launch and its output one fixed buffer, copied out unless the caller takes the view
+(`run(..., copy=False)`). The adapter slot weights are read in place, so adapters uploaded between replays are what
+the next replay uses. The stack is cut into segments of consecutive layers: a segment whose layers have no capture
+veto is captured once (after a warm-up, with every slot -1, so neither warm-up nor capture writes state; the step's
+slots are put back afterwards) and replayed; a vetoed segment runs eagerly on the same padded buffers.
 
 `host_captures` records the (mode, rows, stash row) of steps whose layer calls a host captured in its own CUDA graph
 (`steps.Step.replayed`).

@@ -143,7 +143,8 @@ def _scenario(step, accept, add, release, sess, tmp_adapters: bool):
 
 CASES = [pytest.param(n, lim, how, id=f"{tag}-{how}")
          for n, lim, tag, hows in ((PLAIN, LIMITS, "plain", ("run", "static", "hidden", "residual")),
-                                   (HC_PLE, LIMITS, "hc+ple", ("run", "static", "hidden")), (PLAIN, LORA, "lora", ("run", "hidden")),
+                                   (HC_PLE, LIMITS, "hc+ple", ("run", "static", "hidden")),
+                                   (PLAIN, LORA, "lora", ("run", "hidden")),
                                    (MIXER_ONLY, LIMITS, "next", ("run", "mixer")))
          for how in hows]
 

@@ -1,10 +1,11 @@
 """Triton entry points of the gated delta rule: same names, arguments and semantics as `naive.py`.
 
-`recurrent` / `recurrent_stash` run `triton_recurrent.gdn_recurrent_kernel` (one launch); `chunked` runs the
-passes of `triton_intra` (solve, w/u) and `triton_chunked` (state, output). All of them are CUDA-graph safe: they read no tensor data on the host (only shape and
-dtype checks), allocate only buffers sized from shapes, and launch on the current stream. q, k, v, a, b may be
-strided views (column slices of one projection): the kernels take their row and head strides; only a last
-dimension that is not contiguous is copied first (`_unit_stride`, never the case for projection slices).
+`recurrent` / `recurrent_stash` run `triton_recurrent.gdn_recurrent_kernel` (one launch); `chunked` runs the passes
+of `triton_intra` (solve, w/u) and `triton_chunked` (state, output). All of them are CUDA-graph safe: they read no
+tensor data on the host (only shape and dtype checks), allocate only buffers sized from shapes, and launch on the
+current stream. q, k, v, a, b may be strided views (column slices of one projection): the kernels take their row and
+head strides; only a last dimension that is not contiguous is copied first (`_unit_stride`, never the case for
+projection slices).
 
 Activations in bf16/fp16 use tensor-core dots on operands of that dtype (FLA's precision choices,
 docs/math.md#chunked-form-prefill). The recurrent kernel has no dot (fp32 FMAs throughout). The chunked passes on fp32
