@@ -347,11 +347,11 @@ class GdnLayer(nn.Module):
 
     def _hc_sublayer(self, streams: Tensor, adds: tuple[Tensor, ...], hc: _Part, sublayer, fused: bool,
                      partial: bool = False) -> StepOutput:
-        """Qwen4-Exp gated residual around one sublayer (docs/math.md#qwen4-exp-gated-residual-hc), after adding `adds` (the PLE
-        output) to the streams: `StepOutput(streams)`; `partial` (a tp rank whose host reduces the sublayer's
-        output): `StepOutput(this rank's write-gated delta, the streams)`, whose delta summed over the ranks plus the
-        streams is the output. Fused: four kernels (norm with the adds and the inject
-        logits, the low-rank silu, the mix, the inject) around the two low-rank GEMMs."""
+        """Qwen4-Exp gated residual around one sublayer (docs/math.md#qwen4-exp-gated-residual-hc), after adding
+        `adds` (the PLE output) to the streams: `StepOutput(streams)`; `partial` (a tp rank whose host reduces the
+        sublayer's output): `StepOutput(this rank's write-gated delta, the streams)`, whose delta summed over the
+        ranks plus the streams is the output. Fused: four kernels (norm with the adds and the inject logits, the
+        low-rank silu, the mix, the inject) around the two low-rank GEMMs."""
         n, C, eps = self.cfg.hc_count, self.cfg.hidden_size, self.cfg.rms_norm_eps
         if fused:
             hn, streams, logits = glue.hc_norm(streams, adds, hc.norm, hc.inject, eps)
@@ -371,8 +371,9 @@ class GdnLayer(nn.Module):
         return StepOutput(delta, streams) if partial else StepOutput(streams + delta)
 
     def _ple(self, streams: Tensor, rows: Tensor, io: _Io, fused: bool) -> tuple[Tensor, ...]:
-        """Qwen4-Exp PLE (docs/math.md#qwen4-exp-ple-hashed-n-gram-memory) on gathered rows [T, heads, d_h]: the stream delta, as one
-        tensor (torch code) or as its two terms (gv, conv output), which the fused hc norm adds."""
+        """Qwen4-Exp PLE (docs/math.md#qwen4-exp-ple-hashed-n-gram-memory) on gathered rows [T, heads, d_h]: the
+        stream delta, as one tensor (torch code) or as its two terms (gv, conv output), which the fused hc norm
+        adds."""
         cfg, p = self.cfg, self.ple
         n, C, eps = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps
         T = streams.shape[0]
