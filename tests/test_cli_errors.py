@@ -116,7 +116,8 @@ def test_an_unexpected_error_is_one_line_that_points_to_the_traceback(capsys, mo
         cliargs.run(type("A", (), {"func": staticmethod(boom)})(), "gdn-trt x")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="this machine has CUDA, so the missing-CUDA error cannot occur; CPU machines and CI run it")
 def test_session_on_cuda_without_cuda_is_a_device_error_before_any_allocation(monkeypatch):
     from gdn_trt.model.devices import DeviceError
     from gdn_trt.runtime import Session, session
@@ -133,7 +134,8 @@ def test_session_on_cuda_without_cuda_is_a_device_error_before_any_allocation(mo
     assert "use device='cpu'" in str(pytest.raises(DeviceError, Session.open, "tiny-3.5", device="cuda").value)
 
 
-@pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed")
+@pytest.mark.skipif(has_tensorrt(), reason="TensorRT is installed, so the missing-TensorRT error cannot occur; "
+                    "machines without it and CI run it, and test_selftest.py runs the build where it is")
 def test_a_missing_tensorrt_is_exit_2_and_one_line(tmp_path, capsys):
     (tmp_path / "manifest.json").write_text('{"model": "m", "limits": {}, "graphs": []}')
     for argv in (["build", "--onnx", str(tmp_path)], ["selftest"]):

@@ -8,7 +8,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("model", "plugins", "export", "runtime", "app", "tests", "bench", "docs", "engines")
-OUTSIDE = re.compile(r"DESIGN\.md|DESIGN §|\breference/\w+\.md|\.\./shared")
+# the citations a clone cannot follow: the design notes, the reference folder, the sibling folder of the checkout
+# (its name is joined here so that this file does not match its own pattern)
+OUTSIDE = re.compile(r"DESIGN\.md|DESIGN §|\breference/\w+\.md|\.\./" + "sha" + "red")
 CITED = re.compile(r"docs/(\w+)\.md((?:#[\w-]+|, #[\w-]+)+)")
 
 

@@ -278,8 +278,6 @@ def open_session_cuda(name, limits, graphs=True):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [PLAIN, HC_PLE])
 def test_a_fault_at_graph_capture_falls_back_to_eager_and_a_fault_in_eager_fails_the_step(name):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     lim = RuntimeLimits(max_seqs=4, max_prefill_tokens=32, max_draft=4, graph_buckets=(2, 4), ple_cache_rows=64)
     s = open_session_cuda(name, lim)
     ref = open_session_cuda(name, lim, graphs=False)

@@ -11,16 +11,13 @@ real-shape layer whose decode graph runs the kernel.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-INSIDE = os.environ.get("TRITON_INTERPRET") == "1"
+from .kernel_support import INSIDE, rerun_under_interpreter
+
 U_ACC = 2.0**-24  # fp32 unit roundoff
 
 
@@ -45,13 +42,7 @@ if not INSIDE:
     from gdn_trt.plugins.glue import op as glue
 
     def test_interpreter():
-        pytest.importorskip("triton")
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        here = Path(__file__)
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
-                              cwd=here.parent.parent, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, f"interpreter cases failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-        assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+        rerun_under_interpreter(__file__)
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
     def test_cpu_is_f_linear_exactly(dtype):

@@ -11,26 +11,16 @@ GPU (test_glue.py).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-INSIDE = os.environ.get("TRITON_INTERPRET") == "1"
+from .kernel_support import INSIDE, rerun_under_interpreter
 
 if not INSIDE:
 
     def test_interpreter():
-        pytest.importorskip("triton")
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        here = Path(__file__)
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
-                              cwd=here.parent.parent, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, f"interpreter cases failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-        assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+        rerun_under_interpreter(__file__)
 
 else:
     from gdn_trt.model.modes import LayerMode

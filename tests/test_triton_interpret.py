@@ -9,28 +9,17 @@ at 0, inside, at a chunk boundary and at the end, dilation and no activation).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-INSIDE = os.environ.get("TRITON_INTERPRET") == "1"
+from .kernel_support import INSIDE, rerun_under_interpreter
 
 if not INSIDE:
 
     @pytest.mark.parametrize("family", ["gdn", "conv", "aot"])
     def test_interpreter(family):
-        pytest.importorskip("triton")
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        here = Path(__file__)
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", family, str(here)],
-            cwd=here.parent.parent, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"interpreter cases failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-        assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+        rerun_under_interpreter(__file__, "-k", family, timeout=600)
 
 else:
     from gdn_trt.plugins.samples import Heads, Step
