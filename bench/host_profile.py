@@ -6,7 +6,7 @@ The `ours` stack of `bench/runtime.py` (4 Qwen3-Next GDN layers, bf16, CUDA grap
 an idle GPU, the three phases of the batched API timed apart (open: `begin_step`, the request check, index copy and
 PLE staging; run: `step.run`, the graph replay; close: the commit), medians in us, with `run(x)` and with the input
 and output in place (`step.input()`, `run(..., copy=False)`); then cProfile over back-to-back
-steps, the functions by own time. Prints only: the figures go into the closing notes of the issue they serve.
+steps, the functions by own time; and the step's CUDA calls alone (`bare`: the graph replay, an event record). Prints only: the figures go into the closing notes of the issue they serve.
 """
 
 from __future__ import annotations
@@ -21,13 +21,22 @@ import time
 import runtime as rb  # bench/runtime.py: the same session, stack and inputs
 
 
-def phases(o: "rb.Ours", n: int, steps: int, static: bool) -> dict[str, float]:
-    """`static`: the step's input and output in place (`step.input()`, `run(..., copy=False)`)."""
+def spin() -> None:
+    """Wait for the GPU by polling an event: the host thread never leaves the CPU (`torch.cuda.synchronize` may)."""
+    ev = rb.torch.cuda.Event()
+    ev.record()
+    while not ev.query():
+        pass
+
+
+def phases(o: "rb.Ours", n: int, steps: int, static: bool, wait=None) -> dict[str, float]:
+    """`static`: the step's input and output in place (`step.input()`, `run(..., copy=False)`); `wait`: how the
+    GPU is waited for before each step (`rb.sync`, or `spin`)."""
     s, seqs = o.sess, o.seqs[:n]
     x = rb.torch.randn(n, o.cfg.stream_dim, device=rb.DEV).to(s.dtype)
     out = {"open": [], "run": [], "close": [], "whole": []}
     for k in range(steps + 3):
-        rb.sync()
+        (wait or rb.sync)()
         t0 = time.perf_counter()
         st = s.begin_step(seqs, "decode")
         st.__enter__()
@@ -38,6 +47,36 @@ def phases(o: "rb.Ours", n: int, steps: int, static: bool) -> dict[str, float]:
         t3 = time.perf_counter()
         if k >= 3:  # the first steps capture and gate the bucket's graphs
             for name, v in (("open", t1 - t0), ("run", t2 - t1), ("close", t3 - t2), ("whole", t3 - t0)):
+                out[name].append(v * 1e6)
+    rb.sync()
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def bare(o: "rb.Ours", n: int, steps: int) -> dict[str, float]:
+    """The CUDA calls of a step alone, each started on an idle GPU (medians in us): the decode graph's replay
+    (`graph.replay()` of the bucket's captured graphs), one event record, and a replay whose wait spins on an event
+    instead of `torch.cuda.synchronize` (does the idle wait itself slow the next call?)."""
+    graphs = o.sess.graphs.replayable(n)
+    if not graphs:
+        return {}
+    ev = rb.torch.cuda.Event()
+    out = {"replay": [], "record": [], "replay_after_spin": []}
+    for k in range(steps + 3):
+        rb.sync()
+        t0 = time.perf_counter()
+        for g in graphs:
+            g.replay()
+        t1 = time.perf_counter()
+        ev.record()
+        t2 = time.perf_counter()
+        while not ev.query():
+            pass
+        t3 = time.perf_counter()
+        for g in graphs:
+            g.replay()
+        t4 = time.perf_counter()
+        if k >= 3:
+            for name, v in (("replay", t1 - t0), ("record", t2 - t1), ("replay_after_spin", t4 - t3)):
                 out[name].append(v * 1e6)
     rb.sync()
     return {k: statistics.median(v) for k, v in out.items()}
@@ -73,6 +112,12 @@ def main() -> None:
         for static in (False, True):
             p = phases(o, n, args.steps, static)
             print(f"decode N={n}{' in place' if static else ''}: " + "  ".join(f"{k} {v:.1f} us" for k, v in p.items()),
+                  flush=True)
+        if rb.DEV == "cuda":
+            p = phases(o, n, args.steps, True, spin)
+            print(f"decode N={n} in place, spin wait: " + "  ".join(f"{k} {v:.1f} us" for k, v in p.items()),
+                  flush=True)
+            print(f"decode N={n} bare: " + "  ".join(f"{k} {v:.1f} us" for k, v in bare(o, n, args.steps).items()),
                   flush=True)
         print(hot(o, n, args.steps, args.top), flush=True)
 

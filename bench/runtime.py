@@ -128,8 +128,12 @@ def profile(fn, reps: int = 5) -> tuple[float, dict[str, float]]:
     return sum(per.values()), per
 
 
+IDLE_CALLS = 100  # 10 before 2026-12-03: the medians of two runs then differed by up to 20 us (host jitter)
+
+
 def timed(fn, steps: int) -> tuple[float, float]:
-    """(wall per step over back-to-back steps, median duration of a call started on an idle GPU), in us."""
+    """(wall per step over back-to-back steps, median duration of a call started on an idle GPU over IDLE_CALLS
+    calls), in us."""
     for _ in range(3):
         fn()
     sync()
@@ -139,7 +143,7 @@ def timed(fn, steps: int) -> tuple[float, float]:
     sync()
     wall = (time.perf_counter() - t0) / steps
     idle = []
-    for _ in range(10):
+    for _ in range(IDLE_CALLS if DEV == "cuda" else 3):
         sync()
         t = time.perf_counter()
         fn()

@@ -56,7 +56,7 @@ _ENTRY_KEYS = frozenset({"name", "dtype", "shape", "offset"})
 LAYOUT = ("ssm [HV, K, V] key-dim rows; conv [W-1, conv_dim] pre-conv inputs oldest first; "
           "ple_conv [(k-1)*dilation, n*C] oldest first; ple_ids [ngram_size-1] int64 oldest first")
 _PREFIX = struct.Struct("<7sBI")
-FENCES = 8  # the ring of completion fences of a pool
+FENCES = 64  # the streams a pool keeps a fence for; the steps of any further stream wait for the whole device
 _CRC = struct.Struct("<I")
 
 
@@ -79,20 +79,19 @@ class IdCarries(Protocol):
 
 
 class Fence:
-    """Completion marker of the last step that wrote some slots: a CUDA event, or nothing on the CPU (where the
-    ops are synchronous)."""
+    """Completion marker of the steps that wrote some slots: the stream they were enqueued on (None: the CPU, where
+    the ops are synchronous, or every stream of the device). Waiting synchronizes that stream, so every step enqueued
+    on it so far, the writing one included, has completed. Marking costs no CUDA call: an event recorded after each
+    step's graph launch took 6-16 us of the H200's host (bench/host_profile.py `bare`, 2026-12-03)."""
 
-    def __init__(self, device: torch.device):
-        self.event = torch.cuda.Event() if device.type == "cuda" else None
-
-    def record(self, stream: torch.cuda.Stream | None) -> "Fence":
-        if self.event is not None:
-            self.event.record(stream)
-        return self
+    def __init__(self, index: int, stream: torch.cuda.Stream | None, device: torch.device):
+        self.index, self.stream, self.device = index, stream, device
 
     def wait(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
+        if self.stream is not None:
+            self.stream.synchronize()
+        elif self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 @dataclass(frozen=True)
@@ -139,12 +138,12 @@ class StatePool:
         self.layers: dict[int, LayerState] = {i: LayerState.allocate(cfg, i, slots, spec) for i in cfg.gdn_layer_ids}
         self.id_carries: dict[int, IdCarries] = {}
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
-        # the fence of the step that last wrote each slot, as an index into a ring of fences (-1 = none). A fence is
-        # re-recorded when the ring comes round: a snapshot may then wait for a later step than the one that wrote
-        # its slot, never for an earlier one (the steps complete in stream order), and no event is made per step.
+        # the fence of the step that last wrote each slot, as an index into the pool's fences (-1 = none): one per
+        # stream the steps ran on, fence 0 the whole device. A snapshot may wait for later steps of the stream than
+        # the one that wrote its slot, never for fewer.
         self._fence_of = np.full(slots, -1, dtype=np.int64)
-        self._ring = [Fence(self.device) for _ in range(FENCES)]
-        self._k = 0
+        self._fences = [Fence(0, None, self.device)]
+        self._by_stream: dict[int, Fence] = {}  # id(stream) -> its fence (the fence holds the stream: ids stay unique)
 
     # ---- slots ----
     def attach_id_carries(self, layer_idx: int, carries: IdCarries) -> None:
@@ -177,14 +176,21 @@ class StatePool:
         self._free.append(slot)
 
     def fence(self, stream: torch.cuda.Stream | None) -> Fence:
-        """A fence recorded now on `stream` (the next of the ring): pass it to `mark_written`."""
-        self._k = (self._k + 1) % FENCES
-        return self._ring[self._k].record(stream)
+        """The fence of a step enqueued on `stream` (the current stream; None: the device): pass it to
+        `mark_written`."""
+        hit = self._by_stream.get(id(stream)) if stream is not None else None
+        if hit is not None:
+            return hit
+        if stream is None or len(self._fences) > FENCES:
+            return self._fences[0]
+        hit = self._by_stream[id(stream)] = Fence(len(self._fences), stream, self.device)
+        self._fences.append(hit)
+        return hit
 
     def mark_written(self, slots: np.ndarray | list[int], fence: Fence) -> None:
         """The step whose completion `fence` (from `fence()`) marks wrote these slots: snapshots of them wait for
         it."""
-        self._fence_of[slots] = self._ring.index(fence)
+        self._fence_of[slots] = fence.index
 
     # ---- layout ----
     def layout(self) -> tuple[TensorEntry, ...]:
@@ -203,9 +209,8 @@ class StatePool:
         """A host copy of `slot`'s whole state, after its last writing step completed."""
         self._check_live(slot)
         k = int(self._fence_of[slot])
-        fence = self._ring[k] if k >= 0 else None
-        if fence is not None:
-            fence.wait()
+        if k >= 0:
+            self._fences[k].wait()
         carries = {i: c.read(slot) for i, c in self.id_carries.items()}
         return SlotState(self.rows_of(self.layers, slot, carries), position)
 

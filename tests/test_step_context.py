@@ -520,3 +520,47 @@ def test_a_repeated_mixed_step_reuses_its_layout():
             st.run(h[4 + 4 * t:8 + 4 * t])
         sizes.append((len(s._steps.pack.memo), len(s._steps.part_memo)))
     assert sizes[1:] == sizes[:1] * 3, sizes
+
+
+def test_fences_are_one_per_stream_and_cost_no_call():
+    """A pool marks a step's slots with its stream's fence (no CUDA call per step); on the CPU the one fence is the
+    device's, whose wait returns at once; past FENCES streams every further stream shares the device's fence."""
+    from gdn_trt.runtime import state as st
+
+    s = open_session(PLAIN)
+    pool = s.pool
+    f = pool.fence(None)
+    assert f.index == 0 and f.stream is None and pool.fence(None) is f
+    q = s.add_sequence()
+    h, _ = inputs(s, 2, seed=1)
+    s.prefill(q, h[:2])
+    slot = s._seqs.slot(q)
+    assert pool._fence_of[slot] == 0
+    f.wait()  # the CPU's ops are synchronous: nothing to wait for
+    fake = [object() for _ in range(st.FENCES + 2)]  # stand-ins: only their identity is kept, nothing is called
+    got = [pool.fence(o) for o in fake]
+    assert [g.index for g in got[:st.FENCES]] == list(range(1, st.FENCES + 1))
+    assert all(g is pool._fences[0] for g in got[st.FENCES:])
+    assert pool.fence(fake[3]) is got[3]
+
+
+@pytest.mark.gpu
+def test_a_snapshot_waits_for_a_step_on_another_stream():
+    """A decode step enqueued on a side stream behind ~50 ms of GPU spin, then a snapshot from the default stream
+    with no synchronization: it holds the state after the step (its fence synchronizes the side stream)."""
+    ref, s = _gpu(PLAIN, torch.float32), _gpu(PLAIN, torch.float32)
+    h, _ = inputs(ref, 5, seed=3)
+    h = h.cuda()
+    for sess in (ref, s):
+        sess.prefill(sess.add_sequence(), h[:4])
+    ref.decode({0: h[4:5]})
+    want = ref.snapshot(0)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # cycles: tens of ms at the H200's clock
+        with s.begin_step(np.array([0]), "decode") as step:
+            step.run(h[4:5])
+    assert not side.query(), "the side stream finished before the snapshot: the test shows nothing"
+    assert s.snapshot(0) == want
