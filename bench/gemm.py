@@ -146,8 +146,10 @@ def apply_table(best: dict[tuple[int, str], tuple[C, float, float]], date: str) 
                 continue
             cfg, us, cub = best[(M, s)]
             table.append(gemm.Row(M, ROW_N[s], cfg, round(us / cub, 3)))
+            N, K = MAIN[s]
+            tbps = 2 * (N * K + M * K + M * N) / us / 1e6
             lines.append(f"    Row({M}, {'WIDE_N' if ROW_N[s] else 0}, {cfg_src(cfg)}, {us / cub:.3f}),"
-                         f"  # {us:.3g} against {cub:.3g} us\n")
+                         f"  # {us:.1f} against {cub:.1f} us, {tbps:.2f} TB/s\n")
     if not table:
         raise SystemExit("the sweep has no winner: table left as it was")
     root = Path(gemm.__file__).resolve().parent
