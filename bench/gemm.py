@@ -45,18 +45,18 @@ MAIN_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 OTHER_M = (1, 8, 64)
 BIG = C(128, 64, 64, 4, 4)
 # (BN, BK, stages, warps, split) per width class, BM = max(16, next pow2 of M). Programs = N-tiles x split against
-# the 132 SMs: in_proj [12352, 2048] has 386 / 193 / 97 / 49 N-tiles at BN = 32 / 64 / 128 / 256, so split 2-8 of
-# the wide tiles gives ~200-400 programs (1.5-3 waves at one program per SM) and re-reads x from L2 less often;
-# out_proj [2048, 4096] has 128 / 64 / 32 / 16 at BN = 16 / 32 / 64 / 128: split 2-16 gives 128-512 programs.
-_WIDE = [(32, 128, 6, 4, 1), (32, 256, 4, 4, 1), (64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 64, 6, 4, 2),
-         (128, 64, 4, 4, 2), (128, 64, 4, 4, 4), (128, 128, 3, 8, 2), (128, 128, 3, 8, 4), (256, 64, 4, 8, 4),
-         (256, 64, 3, 8, 8), (256, 128, 2, 8, 4)]
-_NARROW = [(16, 512, 3, 4, 1), (16, 256, 4, 4, 2), (32, 256, 4, 4, 2), (32, 128, 4, 4, 4), (32, 256, 3, 4, 4),
-           (64, 128, 4, 4, 4), (64, 128, 4, 4, 8), (64, 64, 4, 4, 8), (64, 256, 3, 4, 4), (128, 64, 4, 4, 8),
-           (128, 128, 3, 8, 8), (128, 64, 4, 8, 16)]
-# the FMA form (BM = M <= 4): BN = 8 weight rows per program, split for out_proj's 256 N-tiles
+# the 132 SMs: in_proj [12352, 2048] has 386 / 193 / 97 / 49 N-tiles at BN = 32 / 64 / 128 / 256; out_proj
+# [2048, 4096] has 128 / 64 / 32 / 16 at BN = 16 / 32 / 64 / 128, so split 2-8 gives it 128 programs. Only the
+# launches that gemm.config_for would run are timed (split programs <= gemm.SMS): the first split-K sweep
+# (results/2026-12-03-gemm-sweep-all-splits.md) timed up to 512 programs and every split launch past 132 lost, e.g.
+# out_proj at M = 64 with BN = 64: split 4 (128 programs) 9.63 us, split 8 (256) 13.6 us; in_proj at M = 64 with
+# BN = 64: split 1 (193) 18.7 us, split 2 (386) 24.1 us.
+_WIDE = [(32, 128, 6, 4, 1), (32, 256, 4, 4, 1), (64, 128, 4, 4, 1), (64, 64, 4, 4, 1), (256, 64, 4, 8, 2)]
+_NARROW = [(16, 512, 3, 4, 1), (32, 256, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256, 3, 4, 4), (64, 64, 4, 4, 4),
+           (128, 64, 4, 4, 8), (128, 128, 3, 8, 8)]
+# the FMA form (BM = M <= 4): BN = 8 or 16 weight rows per program (out_proj: 256 or 128 N-tiles, no room to split)
 _FMA_WIDE = [(8, 1024, 1), (16, 512, 1)]
-_FMA_NARROW = [(8, 1024, 1), (8, 512, 2), (8, 1024, 2), (16, 512, 2), (8, 512, 4)]
+_FMA_NARROW = [(8, 1024, 1), (8, 512, 1), (16, 512, 1)]
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # the table's rows, decode-sized M
 
 
@@ -67,7 +67,8 @@ def candidates(m: int, shape: str) -> list:
     out = [C(bm, bn, bk, st, wp, split=sp) for bn, bk, st, wp, sp in dots]
     if m <= 4:
         out = [C(m, bn, bk, 1, 4, False, sp) for bn, bk, sp in (fmas if m == 1 else fmas[:2])] + out
-    return out
+    # what gemm.config_for would run: a split cut to N-tiles x split <= SMS
+    return [c for c in out if c.split == 1 or gemm.fit(c, m, MAIN[shape][0]) == c]
 
 
 def cfg_src(c: C) -> str:
@@ -166,7 +167,7 @@ def apply_table(best: dict[tuple[int, str], tuple[C, float, float]], date: str) 
 
 def dispatch_note() -> str:
     return ", ".join(f"M <= {r.max_m} {'wide' if r.min_n else 'narrow'}" for r in gemm.TABLE if r.vs_cublas < 1) + \
-        f" (N >= {glue.GEMM_MIN_N})"
+        f" (N >= {glue.GEMM_MIN_N}, K >= {glue.GEMM_MIN_K})"
 
 
 def measure(name: str, o: Operands, M: int, copy: float) -> dict:
@@ -174,7 +175,8 @@ def measure(name: str, o: Operands, M: int, copy: float) -> dict:
     cub = o.time(M, F.linear)
     ours = o.time(M, lambda x, w: gemm.launch(x, w, cfg))
     b = o.bytes(M)
-    dispatched = o.N >= glue.GEMM_MIN_N and gemm.dispatched(M, o.N)  # op.linear's rule for bf16 contiguous operands
+    # op.linear's rule for bf16 contiguous operands
+    dispatched = o.N >= glue.GEMM_MIN_N and o.K >= glue.GEMM_MIN_K and gemm.dispatched(M, o.N)
     return {"shape": name, "N": o.N, "K": o.K, "M": M, "cublas_us": cub, "ours_us": ours,
             "ours_over_cublas": ours / cub, "cublas_TBps": b / cub / 1e6, "ours_TBps": b / ours / 1e6,
             "cublas_pct_copy": 100 * b / cub / 1e-6 / copy, "ours_pct_copy": 100 * b / ours / 1e-6 / copy,

@@ -177,6 +177,7 @@ if not INSIDE:
         _counters_at_zero()
 
     @pytest.mark.gpu
+    @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")  # the refused capture captured nothing
     def test_first_split_k_launch_under_capture_is_refused():
         """A geometry's workspace is allocated by its first, eager launch; a first launch under capture raises a
         clear error instead of capturing a counter reset that an eager call would never see."""
@@ -221,24 +222,26 @@ if not INSIDE:
 
     @pytest.mark.gpu
     def test_dispatch_boundaries(monkeypatch):
-        """Triton exactly where op.linear says (bf16 / fp16, gemm.dispatched, N >= GEMM_MIN_N); everything
-        else is F.linear bit for bit."""
+        """Triton exactly where op.linear says (bf16 / fp16, gemm.dispatched, N >= GEMM_MIN_N, K >= GEMM_MIN_K);
+        everything else is F.linear bit for bit."""
         from gdn_trt.plugins.glue import gemm
 
         top = _crossover(monkeypatch)
         calls = []
         launch = gemm.launch
         monkeypatch.setattr(gemm, "launch", lambda *a: calls.append(a[0].shape[0]) or launch(*a))
-        w = torch.randn(2048, 512, device="cuda").bfloat16()
+        K = glue.GEMM_MIN_K
+        w = torch.randn(2048, K, device="cuda").bfloat16()
         for M in (1, top):
-            glue.linear(torch.randn(M, 512, device="cuda").bfloat16(), w)
+            glue.linear(torch.randn(M, K, device="cuda").bfloat16(), w)
         assert calls == [1, top]
-        x = torch.randn(4, 512, device="cuda").bfloat16()
-        cases = {"M past the table": (torch.randn(top + 1, 512, device="cuda").bfloat16(), w),
+        x = torch.randn(4, K, device="cuda").bfloat16()
+        cases = {"M past the table": (torch.randn(top + 1, K, device="cuda").bfloat16(), w),
                  "fp32": (x.float(), w.float()),
                  "N under GEMM_MIN_N": (x, w[: glue.GEMM_MIN_N - 16]),
-                 "transposed weight": (x, torch.randn(512, 2048, device="cuda").bfloat16().T),
-                 "K-strided x": (torch.randn(512, 4, device="cuda").bfloat16().T, w)}
+                 "K under GEMM_MIN_K": (x[:, : K - 16], w[:, : K - 16].contiguous()),
+                 "transposed weight": (x, torch.randn(K, 2048, device="cuda").bfloat16().T),
+                 "K-strided x": (torch.randn(K, 4, device="cuda").bfloat16().T, w)}
         for why, (a, b) in cases.items():
             assert torch.equal(glue.linear(a, b), F.linear(a, b)), why
         assert calls == [1, top], "a call outside the dispatch reached the Triton GEMM"

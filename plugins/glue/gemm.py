@@ -34,7 +34,7 @@ interpreter tests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -75,26 +75,33 @@ class Row:
     vs_cublas: float
 
 
+# the split of a narrow row is cut so that N-tiles x split <= SMS (the H200's SMs): every winner of the sweep on
+# out_proj (32 N-tiles) ran 128 programs, one per SM, and the same launch on other widths ran a second, mostly idle
+# wave: Qwen4-Exp's PLE value [2560, 2560] (40 tiles x 4 = 160 programs) took 11.9 against cuBLAS's 7.3 us at M = 64
+# and Qwen3.5's MLP down [4096, 12288] (256 programs) 34.7 against 32.0 (bench/results/2026-12-03-gemm-uncut.md)
+SMS = 132
 WIDE_N = 8192  # in_proj-like widths (>= WIDE_N rows: enough N-tiles to fill the SMs) take their own launches
 # the first row whose bounds hold is used; per M bucket a wide row (min_n = WIDE_N, tuned on Qwen3-Next's in_proj
 # [12352, 2048]) then a narrow one (min_n = 0, tuned on its out_proj [2048, 4096]): the best launch of the sweep on
 # that shape, its time over cuBLAS's and (comment) both times, from the run named on the next line.
-# H200, 2026-12-03 (bench/results/2026-12-03-gemm-sweep.md, before split-K), against cuBLAS on the same shape.
+# H200, 2026-12-03 (bench/results/2026-12-03-gemm-sweep.md), against cuBLAS on the same shape.
+# (M = 64 narrow: that sweep's 25 s deadline skipped its split launches; the first, complete one timed split 4 of
+# BN = 64 at 9.63 against cuBLAS's 9.87 us, bench/results/2026-12-03-gemm-sweep-all-splits.md: the next sweep decides.)
 TABLE: tuple[Row, ...] = (
-    Row(1, WIDE_N, Config(16, 64, 128, 4, 4), 0.89),  # 14.3 against 16.1 us
-    Row(1, 0, Config(1, 8, 1024, 1, 4, dot=False), 0.81),  # 7.06 against 8.72 us
-    Row(2, WIDE_N, Config(16, 32, 256, 4, 4), 0.96),  # 15.4 against 16.0 us
-    Row(2, 0, Config(2, 8, 512, 1, 4, dot=False), 1.14),  # 10.7 against 9.45 us
-    Row(4, WIDE_N, Config(16, 32, 256, 4, 4), 0.97),  # 15.6 against 16.0 us
-    Row(4, 0, Config(16, 32, 256, 4, 4), 1.18),  # 11.2 against 9.41 us
-    Row(8, WIDE_N, Config(16, 64, 128, 4, 4), 0.90),  # 14.6 against 16.2 us
-    Row(8, 0, Config(16, 16, 256, 4, 4), 1.04),  # 9.82 against 9.41 us
-    Row(16, WIDE_N, Config(16, 32, 128, 6, 4), 0.97),  # 15.7 against 16.2 us
-    Row(16, 0, Config(16, 16, 256, 4, 4), 1.01),  # 9.65 against 9.55 us
-    Row(32, WIDE_N, Config(32, 32, 128, 5, 4), 0.99),  # 16.4 against 16.5 us
-    Row(32, 0, Config(32, 16, 256, 4, 4), 1.11),  # 10.7 against 9.64 us
-    Row(64, WIDE_N, Config(64, 64, 128, 4, 4), 1.10),  # 18.4 against 16.8 us
-    Row(64, 0, Config(64, 64, 128, 4, 4), 1.27),  # 12.7 against 9.97 us
+    Row(1, WIDE_N, Config(16, 64, 128, 4, 4), 0.899),  # 14.4 against 16.0 us, 3.52 TB/s
+    Row(1, 0, Config(1, 8, 1024, 1, 4, dot=False), 0.810),  # 7.1 against 8.7 us, 2.37 TB/s
+    Row(2, WIDE_N, Config(16, 64, 128, 4, 4), 0.896),  # 14.4 against 16.0 us, 3.53 TB/s
+    Row(2, 0, Config(2, 8, 1024, 1, 4, dot=False), 0.776),  # 7.4 against 9.5 us, 2.29 TB/s
+    Row(4, WIDE_N, Config(16, 64, 128, 4, 4), 0.911),  # 14.7 against 16.1 us, 3.46 TB/s
+    Row(4, 0, Config(16, 64, 128, 4, 4, split=4), 0.853),  # 8.0 against 9.4 us, 2.09 TB/s
+    Row(8, WIDE_N, Config(16, 64, 128, 4, 4), 0.911),  # 14.8 against 16.2 us, 3.44 TB/s
+    Row(8, 0, Config(16, 64, 128, 4, 4, split=4), 0.856),  # 8.1 against 9.5 us, 2.08 TB/s
+    Row(16, WIDE_N, Config(16, 64, 128, 4, 4), 0.917),  # 14.9 against 16.3 us, 3.42 TB/s
+    Row(16, 0, Config(16, 64, 128, 4, 4, split=4), 0.842),  # 8.1 against 9.6 us, 2.10 TB/s
+    Row(32, WIDE_N, Config(32, 64, 128, 4, 4), 0.936),  # 15.7 against 16.7 us, 3.29 TB/s
+    Row(32, 0, Config(32, 64, 128, 4, 4, split=4), 0.881),  # 8.6 against 9.7 us, 2.01 TB/s
+    Row(64, WIDE_N, Config(64, 64, 64, 4, 4), 1.012),  # 17.1 against 16.9 us, 3.07 TB/s
+    Row(64, 0, Config(64, 16, 512, 3, 4), 1.127),  # 11.3 against 10.0 us, 1.55 TB/s
 )
 
 
@@ -106,7 +113,15 @@ def row_for(m: int, n: int) -> Row:
 
 
 def config_for(m: int, n: int) -> Config:
-    return row_for(m, n).cfg
+    """The table's launch for an [m, K] x [n, K]^T call, its split cut to fit one program per SM (`fit`)."""
+    return fit(row_for(m, n).cfg, m, n)
+
+
+def fit(cfg: Config, m: int, n: int) -> Config:
+    """`cfg` with its split cut so that the N-tiles x M-tiles x split programs of an m x n output are at most SMS."""
+    tiles = -(-n // cfg.bn) * -(-m // (cfg.bm if cfg.dot else min(cfg.bm, triton.next_power_of_2(m))))
+    split = max(1, min(cfg.split, SMS // tiles))
+    return cfg if split == cfg.split else replace(cfg, split=split)
 
 
 def dispatched(m: int, n: int) -> bool:
