@@ -1,24 +1,26 @@
 """The decode projections' GEMM: cuBLAS (F.linear) against the skinny Triton GEMM of plugins/glue/gemm.py.
 
-    python bench/gemm.py [--out DIR] [--sweep] [--deadline S]
+    python bench/gemm.py [--out DIR] [--sweep [--apply]] [--deadline S]
+    python bench/gemm.py --apply-from RESULTS/<date>-gemm-sweep.json     (no GPU: writes that sweep's winners)
 
 Shapes: Qwen3-Next's in_proj [12352, 2048] and out_proj [2048, 4096] (the GEMMs of its decode step), at M (tokens)
-in {1, 8, 64, 128, 256}; and, to place the dispatch, the other decode-sized projections of the presets at
-M in {1, 8, 64}: Qwen3.5's MLP, Qwen4-Exp's hc up-projection [10240, 320] and PLE projections. bf16, weights
+in {1, 2, 4, 8, 16, 32, 64, 128, 256}; and, to place the dispatch, the other decode-sized projections of the presets
+at M in {1, 8, 64}: Qwen3.5's MLP, Qwen4-Exp's hc up-projection [10240, 320] and PLE projections. bf16, weights
 rotated over sets bigger than the L2 (bench/common.time_cuda: CUDA-graph replay), so every call streams its
 weight from HBM. Per (shape, M): cuBLAS and ours in us, TB/s (weight + x + y bytes over the time), % of the copy
 rate measured in the same run, ours / cuBLAS, and whether `op.linear` sends the call to ours (`dispatched`). Past
-the table (M > 64) ours runs `BIG`, the best large-M launch of the sweep, only to show where cuBLAS wins.
+the table (M > 64) ours runs `BIG`, the best large-M launch of an earlier sweep, only to show where cuBLAS wins.
 
-`--sweep` first times every candidate launch of `CANDIDATES` on the two Qwen3-Next shapes at each M bucket and
-writes `<date>-gemm-sweep.{json,md}` (per candidate: us per shape and the sum); `--apply` then writes the best per
-bucket into gemm.TABLE and the crossover into op.GEMM_MAX_M (sources and the running modules): where they come from.
-Writes `<out>/<date>-gemm.{json,md,png}`.
+`--sweep` first times every candidate launch (`candidates`: tiles and split-K slices per width class) on each of
+the two Qwen3-Next shapes at each M bucket beside cuBLAS, and writes `<date>-gemm-sweep.{json,md}`; `--apply` then
+writes the best per (M bucket, shape) into gemm.TABLE with its time over cuBLAS's (source and running module):
+`op.linear` dispatches to ours exactly where that ratio is below 1. Writes `<out>/<date>-gemm.{json,md,png}`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -36,26 +38,44 @@ from gdn_trt.plugins.glue import op as glue
 C = gemm.Config
 DT = torch.bfloat16
 MAIN = {"next.in_proj": (12352, 2048), "next.out_proj": (2048, 4096)}  # [N, K]
+ROW_N = {"next.in_proj": gemm.WIDE_N, "next.out_proj": 0}  # the table rows (min_n) each main shape tunes
 OTHER = {"3.5.mlp.gate_up": (24576, 4096), "3.5.mlp.down": (4096, 12288), "4exp.hc.up": (10240, 320),
          "4exp.ple.key": (10240, 2560), "4exp.ple.value": (2560, 2560)}
-MAIN_M = (1, 8, 64, 128, 256)
+MAIN_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 OTHER_M = (1, 8, 64)
 BIG = C(128, 64, 64, 4, 4)
-_FMA = [C(1, 8, 512, 1, 4, False), C(1, 16, 256, 1, 4, False), C(1, 16, 512, 1, 4, False),
-        C(1, 32, 256, 1, 4, False), C(1, 8, 1024, 1, 4, False)]
-_DOT16 = [C(16, 16, 256, 4), C(16, 16, 512, 3), C(16, 32, 256, 4), C(16, 32, 128, 6), C(16, 64, 128, 4)]
-# M bucket -> candidates, in order of priority under the deadline (the decode step's M = 1, 8, 64 first)
-CANDIDATES = {
-    1: _FMA + _DOT16,
-    8: _DOT16,
-    64: [C(64, 16, 256, 4), C(64, 32, 128, 4), C(64, 32, 256, 3), C(64, 64, 128, 4)],
-    2: [C(2, 16, 256, 1, 4, False), C(2, 8, 512, 1, 4, False), C(16, 32, 256, 4)],
-    4: [C(4, 8, 256, 1, 4, False), C(4, 16, 256, 1, 4, False), C(16, 32, 256, 4)],
-    16: [C(16, 16, 256, 4), C(16, 32, 256, 4), C(16, 32, 128, 6)],
-    32: [C(32, 16, 256, 4), C(32, 32, 256, 4), C(32, 32, 128, 5)],
-    128: [C(128, 64, 64, 4), C(128, 64, 128, 3, 8), C(64, 64, 128, 4)],
-    256: [C(128, 64, 64, 4), C(128, 128, 64, 4, 8)],
-}
+# (BN, BK, stages, warps, split) per width class, BM = max(16, next pow2 of M). Programs = N-tiles x split against
+# the 132 SMs: in_proj [12352, 2048] has 386 / 193 / 97 / 49 N-tiles at BN = 32 / 64 / 128 / 256; out_proj
+# [2048, 4096] has 128 / 64 / 32 / 16 at BN = 16 / 32 / 64 / 128, so split 2-8 gives it 128 programs. Only the
+# launches that gemm.config_for would run are timed (split programs <= gemm.SMS): the first split-K sweep
+# (results/2026-12-03-gemm-sweep-all-splits.md) timed up to 512 programs and every split launch past 132 lost, e.g.
+# out_proj at M = 64 with BN = 64: split 4 (128 programs) 9.63 us, split 8 (256) 13.6 us; in_proj at M = 64 with
+# BN = 64: split 1 (193) 18.7 us, split 2 (386) 24.1 us.
+_WIDE = [(32, 128, 6, 4, 1), (32, 256, 4, 4, 1), (64, 128, 4, 4, 1), (64, 64, 4, 4, 1), (256, 64, 4, 8, 2)]
+_NARROW = [(16, 512, 3, 4, 1), (32, 256, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256, 3, 4, 4), (64, 64, 4, 4, 4),
+           (128, 64, 4, 4, 8), (128, 128, 3, 8, 8)]
+# the FMA form (BM = M <= 4): BN = 8 or 16 weight rows per program (out_proj: 256 or 128 N-tiles, no room to split)
+_FMA_WIDE = [(8, 1024, 1), (16, 512, 1)]
+_FMA_NARROW = [(8, 1024, 1), (8, 512, 1), (16, 512, 1)]
+M_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # the table's rows, decode-sized M
+
+
+def candidates(m: int, shape: str) -> list:
+    """The launches the sweep times at M bucket m on one of the main shapes (in order of priority)."""
+    bm = max(16, 1 << (m - 1).bit_length())
+    dots, fmas = (_WIDE, _FMA_WIDE) if ROW_N[shape] else (_NARROW, _FMA_NARROW)
+    out = [C(bm, bn, bk, st, wp, split=sp) for bn, bk, st, wp, sp in dots]
+    if m <= 4:
+        out = [C(m, bn, bk, 1, 4, False, sp) for bn, bk, sp in (fmas if m == 1 else fmas[:2])] + out
+    # what gemm.config_for would run: a split cut to N-tiles x split <= SMS
+    return [c for c in out if c.split == 1 or gemm.fit(c, m, MAIN[shape][0]) == c]
+
+
+def cfg_src(c: C) -> str:
+    return (f"Config({c.bm}, {c.bn}, {c.bk}, {c.stages}, {c.warps}" + ("" if c.dot else ", dot=False")
+            + (f", split={c.split}" if c.split > 1 else "") + ")")
+
+
 COLUMNS = ["shape", "N", "K", "M", "cublas_us", "ours_us", "ours_over_cublas", "cublas_TBps", "ours_TBps",
            "cublas_pct_copy", "ours_pct_copy", "dispatched", "config"]
 
@@ -81,76 +101,82 @@ class Operands:
         return time_cuda(lambda i: f(x, ws[i % len(ws)]), n_sets=len(ws), reps=reps).median_us
 
 
-def sweep(ops: dict[str, Operands], deadline: float, t0: float) -> tuple[list[dict], dict[int, tuple[C, float, float]]]:
-    """Every candidate at each M bucket on the main shapes; returns the rows and per M the best config (least
-    summed time over the shapes: the layer's GEMM time), its summed time and cuBLAS's."""
-    rows, best = [], {}
-    for M, cands in CANDIDATES.items():
-        cublas = {s: o.time(M, F.linear, 15) for s, o in ops.items()}
-        rows.append({"M": M, "config": "cuBLAS", **{f"{s}_us": v for s, v in cublas.items()},
-                     "sum_us": sum(cublas.values())})
-        for cfg in cands:
-            if time.perf_counter() - t0 > deadline:
-                rows.append({"M": M, "config": str(cfg), "error": "deadline"})
-                continue
-            try:
-                us = {s: o.time(M, lambda x, w, c=cfg: gemm.launch(x, w, c), 15) for s, o in ops.items()}
-            except Exception as e:  # noqa: BLE001 - recorded in the results, never hidden
-                rows.append({"M": M, "config": str(cfg), "error": f"{type(e).__name__}: {str(e)[:160]}"})
-                continue
-            row = {"M": M, "config": str(cfg), **{f"{s}_us": v for s, v in us.items()}, "sum_us": sum(us.values()),
-                   "sum_over_cublas": sum(us.values()) / sum(cublas.values())}
-            rows.append(row)
-            if M not in best or row["sum_us"] < best[M][1]:
-                best[M] = (cfg, row["sum_us"], sum(cublas.values()))
-            print(f"sweep M {M:4d} {cfg}  " + "  ".join(f"{s} {v:7.2f}" for s, v in us.items())
-                  + f"  cuBLAS {sum(cublas.values()):7.2f}", flush=True)
-        if M in best:
-            rows.append({"M": M, "config": f"best: {best[M][0]}", "sum_us": best[M][1],
-                         "sum_over_cublas": best[M][1] / best[M][2]})
-    return rows, best
+def sweep(ops: dict[str, Operands], deadline: float, t0: float) -> list[dict]:
+    """Every candidate at each M bucket on each main shape beside cuBLAS; the rows (`cfg` holds the launch's fields
+    for `--apply-from`), the best per (M, shape) marked."""
+    rows = []
+    for M in M_BUCKETS:
+        for s, o in ops.items():
+            cub = o.time(M, F.linear, 15)
+            rows.append({"M": M, "shape": s, "config": "cuBLAS", "us": cub, "TBps": o.bytes(M) / cub / 1e6})
+            best = None
+            for cfg in candidates(M, s):
+                programs = -(-o.N // cfg.bn) * -(-M // (cfg.bm if cfg.dot else M)) * cfg.split
+                row = {"M": M, "shape": s, "config": str(cfg), "programs": programs,
+                       "cfg": [cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.warps, cfg.dot, cfg.split]}
+                if time.perf_counter() - t0 > deadline:
+                    rows.append({**row, "error": "deadline"})
+                    continue
+                try:
+                    us = o.time(M, lambda x, w, c=cfg: gemm.launch(x, w, c), 15)
+                except Exception as e:  # noqa: BLE001 - recorded in the results, never hidden
+                    rows.append({**row, "error": f"{type(e).__name__}: {str(e)[:160]}"})
+                    continue
+                rows.append({**row, "us": us, "cublas_us": cub, "over_cublas": us / cub, "TBps": o.bytes(M) / us / 1e6})
+                if best is None or us < best["us"]:
+                    best = rows[-1]
+                print(f"sweep M {M:3d} {s} {cfg} {programs:4d} programs {us:7.2f} us (cuBLAS {cub:7.2f})", flush=True)
+            if best is not None:
+                best["best"] = True
+    return rows
 
 
-def apply_table(best: dict[int, tuple[C, float, float]], date: str) -> None:
-    """Writes the sweep's winners into gemm.TABLE (source and the running module; every bucket, so that the tests run
-    the kernel at every decode-sized M) and the crossover into op.GEMM_MAX_M: the last bucket of the run from M = 1
-    where the best launch beats cuBLAS."""
-    table = [(M, *best[M]) for M in sorted(best)]
-    table = [(m, cfg, ours / cublas) for m, cfg, ours, cublas in table]
-    wins = 0
-    for m, _, r in table:
-        if r >= 1:
-            break
-        wins = m
-    if not wins:
-        raise SystemExit("no M bucket where the skinny GEMM beats cuBLAS: table left as it was")
+def winners(rows: list[dict]) -> dict[tuple[int, str], tuple[C, float, float]]:
+    """(M, shape) -> (launch, its us, cuBLAS's us) of the rows marked best (a sweep's rows or its JSON)."""
+    return {(r["M"], r["shape"]): (C(*r["cfg"]), r["us"], r["cublas_us"]) for r in rows if r.get("best")}
+
+
+def apply_table(best: dict[tuple[int, str], tuple[C, float, float]], date: str) -> None:
+    """Writes the sweep's winners into gemm.TABLE (source and the running module): per M bucket a wide row (tuned on
+    in_proj) and a narrow one (out_proj), each with its time over cuBLAS's, which `gemm.dispatched` reads (every
+    bucket stays in the table, so that the tests run the kernel at every decode-sized M)."""
+    table, lines = [], []
+    for M in M_BUCKETS:
+        for s in MAIN:
+            if (M, s) not in best:
+                continue
+            cfg, us, cub = best[(M, s)]
+            table.append(gemm.Row(M, ROW_N[s], cfg, round(us / cub, 3)))
+            N, K = MAIN[s]
+            tbps = 2 * (N * K + M * K + M * N) / us / 1e6
+            lines.append(f"    Row({M}, {'WIDE_N' if ROW_N[s] else 0}, {cfg_src(cfg)}, {us / cub:.3f}),"
+                         f"  # {us:.1f} against {cub:.1f} us, {tbps:.2f} TB/s\n")
+    if not table:
+        raise SystemExit("the sweep has no winner: table left as it was")
     root = Path(gemm.__file__).resolve().parent
-    lines = "".join(f"    ({m}, Config({c.bm}, {c.bn}, {c.bk}, {c.stages}, {c.warps}{'' if c.dot else ', dot=False'})),"
-                    f"  # {r:.2f}x cuBLAS (in_proj + out_proj)\n" for m, c, r in table)
     src = (root / "gemm.py").read_text()
-    head = src.index("TABLE: tuple[")
-    body = src.index("(\n", head) + 2
-    end = src.index("\n)\n", body) + 1
-    src = src[:body] + lines + src[end:]
-    start = src.index("# (largest M, config)")
-    src = src[:start] + ("# (largest M, config): the first entry whose M bound holds is used; the winners of the sweep on "
-                         f"the H200,\n# {date} (bench/results/{date}-gemm-sweep.md)\n") + src[src.index("TABLE: tuple["):]
+    body = src.index("(\n", src.index("TABLE: tuple[")) + 2
+    src = src[:body] + "".join(lines) + src[src.index("\n)\n", body) + 1:]
+    at = src.index("# H200, ")
+    src = src[:at] + f"# H200, {date} (bench/results/{date}-gemm-sweep.md), against cuBLAS on the same shape.\n" + \
+        src[src.index("TABLE: tuple[", at):]
     (root / "gemm.py").write_text(src)
-    op_src = (root / "op.py").read_text()
-    at = op_src.index("GEMM_MAX_M = ")
-    op_src = op_src[:at] + f"GEMM_MAX_M = {wins}" + op_src[op_src.index("\n", at):]
-    (root / "op.py").write_text(op_src)
-    gemm.TABLE = tuple((m, c) for m, c, _ in table)
-    glue.GEMM_MAX_M = wins
-    print("applied table", gemm.TABLE, "crossover", glue.GEMM_MAX_M, flush=True)
+    gemm.TABLE = tuple(table)
+    print("applied table", *gemm.TABLE, sep="\n  ", flush=True)
+
+
+def dispatch_note() -> str:
+    return ", ".join(f"M <= {r.max_m} {'wide' if r.min_n else 'narrow'}" for r in gemm.TABLE if r.vs_cublas < 1) + \
+        f" (N >= {glue.GEMM_MIN_N}, K >= {glue.GEMM_MIN_K})"
 
 
 def measure(name: str, o: Operands, M: int, copy: float) -> dict:
-    cfg = gemm.config_for(M) if M <= gemm.TABLE[-1][0] else BIG
+    cfg = gemm.config_for(M, o.N) if M <= gemm.TABLE[-1].max_m else BIG
     cub = o.time(M, F.linear)
     ours = o.time(M, lambda x, w: gemm.launch(x, w, cfg))
     b = o.bytes(M)
-    dispatched = M <= glue.GEMM_MAX_M and o.N >= glue.GEMM_MIN_N  # op.linear's rule for bf16 contiguous operands
+    # op.linear's rule for bf16 contiguous operands
+    dispatched = o.N >= glue.GEMM_MIN_N and o.K >= glue.GEMM_MIN_K and gemm.dispatched(M, o.N)
     return {"shape": name, "N": o.N, "K": o.K, "M": M, "cublas_us": cub, "ours_us": ours,
             "ours_over_cublas": ours / cub, "cublas_TBps": b / cub / 1e6, "ours_TBps": b / ours / 1e6,
             "cublas_pct_copy": 100 * b / cub / 1e-6 / copy, "ours_pct_copy": 100 * b / ours / 1e-6 / copy,
@@ -178,27 +204,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--apply", action="store_true", help="with --sweep: write the winners into gemm.TABLE and the "
-                    "crossover into op.GEMM_MAX_M before the comparison runs")
+    ap.add_argument("--apply", action="store_true", help="with --sweep: write the winners into gemm.TABLE before the "
+                    "comparison runs")
+    ap.add_argument("--apply-from", type=Path, metavar="JSON", help="write the winners of a sweep's "
+                    "<date>-gemm-sweep.json into gemm.TABLE and exit (no GPU needed)")
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds after which sweep candidates are skipped")
     args = ap.parse_args()
+    if args.apply_from:
+        saved = json.loads(args.apply_from.read_text())
+        apply_table(winners(saved["rows"]), saved["meta"]["date"])
+        return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     t0 = time.perf_counter()
     meta = device_info()
     bw = copy_bandwidth()
     meta.update({f"copy_{k}": round(v, 3) for k, v in bw.items() if k != "best"}, dtype="bfloat16",
-                table=[(m, str(c)) for m, c in gemm.TABLE], dispatch=f"M <= {glue.GEMM_MAX_M}, N >= {glue.GEMM_MIN_N}")
+                table=[(r.max_m, r.min_n, str(r.cfg), r.vs_cublas) for r in gemm.TABLE], dispatch=dispatch_note())
     print("device", meta, flush=True)
     ops = {s: Operands(*nk) for s, nk in MAIN.items()}
     if args.sweep:
-        rows, best = sweep(ops, args.deadline, t0)
-        print("best per M:", {m: str(c) for m, c in best.items()}, flush=True)
+        rows = sweep(ops, args.deadline, t0)
         if args.apply:
-            apply_table(best, meta["date"])
-            meta.update(table=[(m, str(c)) for m, c in gemm.TABLE], dispatch=f"M <= {glue.GEMM_MAX_M}, "
-                        f"N >= {glue.GEMM_MIN_N}")
+            apply_table(winners(rows), meta["date"])
+            meta.update(table=[(r.max_m, r.min_n, str(r.cfg), r.vs_cublas) for r in gemm.TABLE],
+                        dispatch=dispatch_note())
         write_results("gemm-sweep", rows, {**meta, "elapsed_s": round(time.perf_counter() - t0, 1)},
-                      ["M", "config", *[f"{s}_us" for s in MAIN], "sum_us", "sum_over_cublas", "error"],
+                      ["M", "shape", "config", "programs", "us", "cublas_us", "over_cublas", "TBps", "best", "error"],
                       out_dir=args.out)
     rows = []
     for s, o in ops.items():

@@ -1,12 +1,15 @@
 """The skinny GEMM of the decode projections (plugins/glue/gemm.py) and its dispatch (`glue.op.linear`).
 
 Every comparison with float64 uses the bound that fp32 accumulation and one output rounding guarantee, element by
-element (`within_bound`), not a tuned tolerance. CPU: `op.linear` is F.linear itself off CUDA and in fp32; every
-launch of the table compiles for sm_90 without spills within the shared-memory limit. Interpreter (rerun of this
-file with TRITON_INTERPRET=1): the kernel in both forms against float64 on non-power-of-two M, N not a multiple of
-the block and K not a multiple of the K step, outputs poisoned with NaN. GPU (marked gpu): the real Qwen3-Next
-shapes against float64 and against cuBLAS, graph replay equal to eager bit for bit, the dispatch boundaries, and a
-real-shape layer whose decode graph runs the kernel.
+element (`within_bound`), not a tuned tolerance. CPU: `op.linear` is F.linear itself off CUDA and in fp32; the
+dispatch follows the table's measured ratios; every launch of the table compiles for sm_90 without spills within the
+shared-memory limit. Interpreter (rerun of this file with TRITON_INTERPRET=1): the kernel in both forms, with and
+without split-K, against float64 on non-power-of-two M, N not a multiple of the block and K not a multiple of the K
+step or of split x K step, outputs poisoned with NaN and token rows past M poisoned in x; the split-K workspace is
+allocated once and its counters are back at zero after every call. GPU (marked gpu): the real Qwen3-Next shapes
+against float64 and against cuBLAS, repeated split-K calls bit for bit (the arrival order of the slices varies),
+graph replay equal to eager bit for bit, a first split-K launch under capture refused, the dispatch boundaries, and
+a real-shape layer whose decode graph runs the kernel.
 """
 
 from __future__ import annotations
@@ -53,15 +56,32 @@ if not INSIDE:
         pytest.importorskip("triton")
         from gdn_trt.plugins.glue import gemm
 
-        assert glue.GEMM_MAX_M <= gemm.TABLE[-1][0], "the crossover is past the table"
-        for m in range(1, gemm.TABLE[-1][0] + 1):
-            gemm.config_for(m).check()
+        top = gemm.TABLE[-1].max_m
+        for m in range(1, top + 1):
+            for n in (glue.GEMM_MIN_N, 2048, gemm.WIDE_N, 12352):
+                gemm.config_for(m, n).check()
         with pytest.raises(ValueError, match="no skinny-GEMM config"):
-            gemm.config_for(gemm.TABLE[-1][0] + 1)
+            gemm.config_for(top + 1, 2048)
+        assert not gemm.dispatched(0, 2048) and not gemm.dispatched(top + 1, 12352)
         with pytest.raises(ValueError, match="tl.dot tiles"):
             gemm.Config(8, 16, 64).check()
         with pytest.raises(ValueError, match="FMA form"):
             gemm.Config(8, 16, 64, dot=False).check()
+        with pytest.raises(ValueError, match="split"):
+            gemm.Config(16, 16, 64, split=0).check()
+
+    def test_dispatch_follows_the_measured_ratios():
+        """op.linear's choice per M and width is the table row's: ours exactly where its sweep time beat cuBLAS's."""
+        pytest.importorskip("triton")
+        from gdn_trt.plugins.glue import gemm
+
+        last = {}  # min_n -> the bound of the previous row of that width class
+        for row in gemm.TABLE:
+            n = 12352 if row.min_n else 2048
+            for m in range(last.get(row.min_n, 0) + 1, row.max_m + 1):
+                assert gemm.row_for(m, n) is row
+                assert gemm.dispatched(m, n) == (row.vs_cublas < 1), (m, row)
+            last[row.min_n] = row.max_m
 
     def test_table_compiles_for_sm90_without_spills():
         """Each launch of the table at Qwen3-Next's in_proj (K 2048) and an uneven K, compiled as the H200 would
@@ -70,23 +90,25 @@ if not INSIDE:
         from gdn_trt.plugins import triton_aot
         from gdn_trt.plugins.glue import gemm
 
-        for bound, cfg in gemm.TABLE:
+        for row in gemm.TABLE:
+            N = 12352 if row.min_n else 2048
             for K in (2048, 2560 + 64):
-                x, w = torch.empty(bound, K, dtype=torch.bfloat16), torch.empty(12352, K, dtype=torch.bfloat16)
-                (launch,) = triton_aot.record(gemm, lambda: gemm.launch(x, w, cfg))
+                x, w = torch.empty(row.max_m, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16)
+                (launch,) = triton_aot.record(gemm, lambda: gemm.launch(x, w, row.cfg))
                 c = triton_aot.compile_launch(launch)
-                assert c.spill_stack == 0 and c.shared <= triton_aot.SMEM_LIMIT, f"{cfg} K {K}: {c.row()}"
+                assert c.spill_stack == 0 and c.shared <= triton_aot.SMEM_LIMIT, f"{row.cfg} K {K}: {c.row()}"
 
     # ---- GPU ----
     NEXT = {"in_proj": (12352, 2048), "out_proj": (2048, 4096)}  # Qwen3-Next [N, K]
 
     def _crossover(monkeypatch) -> int:
-        """The dispatch's crossover moved to the table's last bound: the tests check the dispatch and the layer with
-        the kernel at every M it has a launch for (on the H200 it dispatches only where it beats cuBLAS)."""
+        """The dispatch opened to every M the table has a launch for: the tests check the dispatch and the layer with
+        the kernel at every such M (on the H200 it dispatches only where the launch beat cuBLAS)."""
         from gdn_trt.plugins.glue import gemm
 
-        monkeypatch.setattr(glue, "GEMM_MAX_M", gemm.TABLE[-1][0])
-        return glue.GEMM_MAX_M
+        top = gemm.TABLE[-1].max_m
+        monkeypatch.setattr(gemm, "dispatched", lambda m, n: 1 <= m <= top)
+        return top
 
     def _poison(monkeypatch):
         from gdn_trt.plugins.glue import gemm
@@ -94,12 +116,26 @@ if not INSIDE:
         new = gemm._new
         monkeypatch.setattr(gemm, "_new", lambda *a: new(*a).fill_(float("nan")))
 
+    def _split_cfg(name: str, M: int):
+        """A split-K launch for a real shape (out_proj: 32 N-tiles of 64 rows x 8 K-slices; in_proj: 4 slices)."""
+        from gdn_trt.plugins.glue import gemm
+
+        bm = max(16, 1 << (M - 1).bit_length())
+        return gemm.Config(bm, 64, 128, 4, 4, split=8) if name == "out_proj" else gemm.Config(bm, 128, 64, 4, 4,
+                                                                                            split=4)
+
+    def _counters_at_zero():
+        from gdn_trt.plugins.glue import gemm
+
+        for key, (_, cnt) in gemm._WORK.items():
+            assert cnt.device.type != "cuda" or int(cnt.abs().sum()) == 0, f"counters of {key} left non-zero"
+
     @pytest.mark.gpu
     @pytest.mark.parametrize("name", list(NEXT))
     def test_real_shapes_against_float64_and_cublas(name, monkeypatch):
-        """Within the fp32-accumulation bound of float64 at every M bucket (non-powers of two included), and no
-        less accurate than cuBLAS on the same inputs (RMS error at most 1.05x F.linear's: both round once to bf16,
-        which dominates; cuBLAS may also reduce split-K partials in bf16)."""
+        """The table's launch and a split-K one, within the fp32-accumulation bound of float64 at every M bucket
+        (non-powers of two included), and no less accurate than cuBLAS on the same inputs (RMS error at most 1.05x
+        F.linear's: both round once to bf16, which dominates; cuBLAS may also reduce split-K partials in bf16)."""
         from gdn_trt.plugins.glue import gemm
 
         _poison(monkeypatch)
@@ -107,11 +143,55 @@ if not INSIDE:
         w = torch.randn(N, K, device="cuda").bfloat16() * 0.02
         for M in (1, 2, 3, 5, 8, 16, 17, 33, 64):
             x = torch.randn(M, K, device="cuda").bfloat16()
-            y = gemm.linear(x, w)
-            within_bound(x, w, y, 2.0**-8)
-            ref = x.double() @ w.double().T
-            ours, cublas = (y.double() - ref).norm().item(), (F.linear(x, w).double() - ref).norm().item()
-            assert ours <= 1.05 * cublas, f"M {M}: RMS error {ours:.3e} against cuBLAS's {cublas:.3e}"
+            for y in (gemm.linear(x, w), gemm.launch(x, w, _split_cfg(name, M))):
+                within_bound(x, w, y, 2.0**-8)
+                ref = x.double() @ w.double().T
+                ours, cublas = (y.double() - ref).norm().item(), (F.linear(x, w).double() - ref).norm().item()
+                assert ours <= 1.05 * cublas, f"M {M}: RMS error {ours:.3e} against cuBLAS's {cublas:.3e}"
+        _counters_at_zero()
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("name", list(NEXT))
+    @pytest.mark.parametrize("M", [2, 16, 64])
+    def test_split_k_repeats_and_replays_bit_for_bit(name, M):
+        """The slices of a tile finish in a different order from call to call; the last one sums them in slice
+        order, so 20 eager calls, and graph replays, give the same bits; every call leaves the counters at zero."""
+        from gdn_trt.plugins.glue import gemm
+
+        N, K = NEXT[name]
+        cfg = _split_cfg(name, M)
+        x = torch.randn(M, K, device="cuda").bfloat16()
+        w = torch.randn(N, K, device="cuda").bfloat16() * 0.02
+        want = gemm.launch(x, w, cfg)
+        for _ in range(20):
+            assert torch.equal(want, gemm.launch(x, w, cfg)), "two eager calls differ: not deterministic"
+        _counters_at_zero()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = gemm.launch(x, w, cfg)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(want, out)
+        _counters_at_zero()
+
+    @pytest.mark.gpu
+    @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")  # the refused capture captured nothing
+    def test_first_split_k_launch_under_capture_is_refused():
+        """A geometry's workspace is allocated by its first, eager launch; a first launch under capture raises a
+        clear error instead of capturing a counter reset that an eager call would never see."""
+        from gdn_trt.plugins.glue import gemm
+
+        x = torch.randn(3, 4096, device="cuda").bfloat16()
+        w = torch.randn(2048, 4096, device="cuda").bfloat16()
+        cfg = gemm.Config(16, 32, 64, 4, 4, split=5)  # a geometry no other test launches
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="must be eager"):
+            with torch.cuda.graph(g):
+                gemm.launch(x, w, cfg)
+        torch.cuda.synchronize()
+        within_bound(x, w, gemm.launch(x, w, cfg), 2.0**-8)
 
     @pytest.mark.gpu
     def test_row_strided_input_and_fp16():
@@ -142,24 +222,26 @@ if not INSIDE:
 
     @pytest.mark.gpu
     def test_dispatch_boundaries(monkeypatch):
-        """Triton exactly where op.linear says (bf16 / fp16, 1 <= M <= GEMM_MAX_M, N >= GEMM_MIN_N); everything
-        else is F.linear bit for bit."""
+        """Triton exactly where op.linear says (bf16 / fp16, gemm.dispatched, N >= GEMM_MIN_N, K >= GEMM_MIN_K);
+        everything else is F.linear bit for bit."""
         from gdn_trt.plugins.glue import gemm
 
         top = _crossover(monkeypatch)
         calls = []
         launch = gemm.launch
         monkeypatch.setattr(gemm, "launch", lambda *a: calls.append(a[0].shape[0]) or launch(*a))
-        w = torch.randn(2048, 512, device="cuda").bfloat16()
+        K = glue.GEMM_MIN_K
+        w = torch.randn(2048, K, device="cuda").bfloat16()
         for M in (1, top):
-            glue.linear(torch.randn(M, 512, device="cuda").bfloat16(), w)
+            glue.linear(torch.randn(M, K, device="cuda").bfloat16(), w)
         assert calls == [1, top]
-        x = torch.randn(4, 512, device="cuda").bfloat16()
-        cases = {"M over the crossover": (torch.randn(top + 1, 512, device="cuda").bfloat16(), w),
+        x = torch.randn(4, K, device="cuda").bfloat16()
+        cases = {"M past the table": (torch.randn(top + 1, K, device="cuda").bfloat16(), w),
                  "fp32": (x.float(), w.float()),
                  "N under GEMM_MIN_N": (x, w[: glue.GEMM_MIN_N - 16]),
-                 "transposed weight": (x, torch.randn(512, 2048, device="cuda").bfloat16().T),
-                 "K-strided x": (torch.randn(512, 4, device="cuda").bfloat16().T, w)}
+                 "K under GEMM_MIN_K": (x[:, : K - 16], w[:, : K - 16].contiguous()),
+                 "transposed weight": (x, torch.randn(K, 2048, device="cuda").bfloat16().T),
+                 "K-strided x": (torch.randn(K, 4, device="cuda").bfloat16().T, w)}
         for why, (a, b) in cases.items():
             assert torch.equal(glue.linear(a, b), F.linear(a, b)), why
         assert calls == [1, top], "a call outside the dispatch reached the Triton GEMM"
@@ -209,14 +291,25 @@ else:
     from gdn_trt.plugins.glue import gemm
 
     C = gemm.Config
-    # both forms, small and table-sized tiles; (M values, N, K): non-power-of-two M, N not a multiple of BN,
-    # K a multiple of BK (the unmasked loop) and not (the masked tail)
+    # both forms, with and without split-K, small and table-sized tiles; (M values, N, K): non-power-of-two M, N not a
+    # multiple of BN, K a multiple of BK (the unmasked loop) and not (the masked tail), K not a multiple of split x BK
+    # (uneven slices) and K too short for every slice (fewer slices than asked)
     CONFIGS = [C(1, 8, 64, dot=False), C(4, 8, 32, dot=False), C(16, 16, 64), C(32, 32, 32),
-               *(c for _, c in gemm.TABLE)]
+               C(1, 8, 64, dot=False, split=2), C(2, 8, 32, dot=False, split=4), C(16, 16, 32, split=3),
+               C(32, 16, 64, split=2), *(r.cfg for r in gemm.TABLE)]
 
     def _shapes(cfg):
         ms = sorted({1, 3, min(cfg.bm, 4) + (cfg.bm > 4) * 3, cfg.bm + 5})
-        return [(ms, 50, 2 * cfg.bk), (ms, 70, cfg.bk + 96)]
+        shapes = [(ms, 50, 2 * cfg.bk), (ms, 70, cfg.bk + 96)]
+        if cfg.split > 1:
+            shapes.append((ms, 40, cfg.split * cfg.bk + cfg.bk // 2 + 8))
+        return shapes
+
+    def _poisoned_x(M: int, K: int, dtype=torch.float32) -> torch.Tensor:
+        """x [M, K] as the first rows of a buffer whose rows past M are NaN: the kernel must not read them."""
+        big = torch.full((M + 8, K), float("nan"), dtype=dtype)
+        big[:M] = torch.randn(M, K).to(dtype)
+        return big[:M]
 
     @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
     def test_kernel_fp32_against_float64(cfg, monkeypatch):
@@ -224,7 +317,7 @@ else:
         monkeypatch.setattr(gemm, "_new", lambda *a: new(*a).fill_(float("nan")))
         for ms, N, K in _shapes(cfg):
             for M in ms:
-                x, w = torch.randn(M, K), torch.randn(N, K)
+                x, w = _poisoned_x(M, K), torch.randn(N, K)
                 within_bound(x, w, gemm.launch(x, w, cfg), U_ACC)
 
     @pytest.mark.parametrize("cfg", [c for c in CONFIGS if not c.dot], ids=str)
@@ -233,12 +326,27 @@ else:
         bf16 dot errs by 2e10; the same values as fp32 are exact), and casts fp32 to bf16 by truncation (2^-7)."""
         for ms, N, K in _shapes(cfg):
             for M in ms:
-                x, w = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
+                x, w = _poisoned_x(M, K, torch.bfloat16), torch.randn(N, K).bfloat16()
                 within_bound(x, w, gemm.launch(x, w, cfg), 2.0**-7)
+
+    @pytest.mark.parametrize("cfg", [c for c in CONFIGS if c.split > 1], ids=str)
+    def test_split_k_workspace_is_kept_and_counters_end_at_zero(cfg):
+        """Two calls: the same bits, one workspace (allocated by the first, reused by the second), every ticket
+        counter back at zero after each."""
+        M, N, K = 3, 50, cfg.split * cfg.bk + 8
+        x, w = torch.randn(M, K), torch.randn(N, K)
+        first = gemm.launch(x, w, cfg)
+        kept = {k: (ws.data_ptr(), cnt.data_ptr()) for k, (ws, cnt) in gemm._WORK.items()}
+        assert any(k[2] == cfg.split for k in kept), "no split-K workspace was used"
+        assert all(int(cnt.abs().sum()) == 0 for _, cnt in gemm._WORK.values())
+        assert torch.equal(first, gemm.launch(x, w, cfg))
+        assert {k: (ws.data_ptr(), cnt.data_ptr()) for k, (ws, cnt) in gemm._WORK.items()} == kept
+        assert all(int(cnt.abs().sum()) == 0 for _, cnt in gemm._WORK.values())
 
     def test_row_strided_input_and_empty_shapes():
         big = torch.randn(3, 300)
         x, w = big[:, 17:145], torch.randn(40, 128)
-        within_bound(x, w, gemm.launch(x, w, C(16, 16, 64)), U_ACC)
-        assert gemm.launch(torch.randn(0, 128), w, C(16, 16, 64)).shape == (0, 40)
-        assert torch.equal(gemm.launch(torch.randn(2, 0), torch.randn(40, 0), C(16, 16, 64)), torch.zeros(2, 40))
+        for cfg in (C(16, 16, 64), C(16, 16, 32, split=2)):
+            within_bound(x, w, gemm.launch(x, w, cfg), U_ACC)
+            assert gemm.launch(torch.randn(0, 128), w, cfg).shape == (0, 40)
+            assert torch.equal(gemm.launch(torch.randn(2, 0), torch.randn(40, 0), cfg), torch.zeros(2, 40))

@@ -4,24 +4,37 @@ Why: at decode the layer's projections read a weight of tens of megabytes to mul
 time is the weight's bytes over the memory rate. cuBLAS streams them at about 2.8 TB/s at M = 1 on the H200
 (Qwen3-Next in_proj [12352, 2048] and out_proj [2048, 4096]: 101 of the 146 us of a 4-layer decode step,
 bench/results/2026-12-03-runtime-final.md) against a 4.25 TB/s copy rate. This kernel only streams: each program
-owns BN weight rows (N-tiles; enough of them to fill the 132 SMs, no split-K) and walks K in BK-wide tiles,
+owns BN weight rows (an N-tile) and one of `split` contiguous K-slices, and walks its slice in BK-wide tiles,
 pipelined over `stages` buffers, multiplying each tile by the BM x BK tile of x it needs (a few kilobytes, served
 from L2) and accumulating in fp32:
 - `dot`: y^T tile = W tile x^T tile on the tensor cores ("swap AB": the weight rows fill the MMA's M side, so the
   token count only has to reach tl.dot's minimum of 16: BM = max(16, next pow2 of M));
-- FMA (M <= 4): a [BM, BN, BK] fp32 product accumulated in registers and summed over K once at the end, for BN
+- FMA (M <= 4): a [BN, BM, BK] fp32 product accumulated in registers and summed over K once at the end, for BN
   below the MMA's 16 rows (more programs for the narrow out_proj).
-Deterministic: each output element is one program's fixed-order sum (no atomics, no split-K), so a CUDA-graph replay
-equals the eager call bit for bit. Weight rows past N are wrapped (`% N`) instead of masked, so every weight load is
-unmasked and vectorised (only the store is masked); token rows past M are masked, so they read nothing. `TABLE`
-holds the launch per M bucket and `op.GEMM_MAX_M` the crossover with cuBLAS, both written by
-`bench/gemm.py --sweep --apply` on the H200; `op.linear` sends a call here only below the crossover
-(and N >= `op.GEMM_MIN_N`), in bf16 and fp16 (fp32 operands take IEEE dots: the interpreter tests).
+Split-K (`split` > 1) is for projections with few N-tiles (out_proj: 32 tiles of 64 rows for 132 SMs): each program
+writes its fp32 partial tile to a workspace, then draws a ticket from its tile's int32 counter (an atomic add,
+acq_rel at gpu scope, after a CTA barrier so that every thread's partial is written first); the program that draws
+the last ticket sums the partials in slice order 0..split-1, whatever order they arrived in, writes y and sets the
+counter back to 0 for the next launch or graph replay. So every output element is a fixed-order sum: two calls, and a
+CUDA-graph replay and the eager call, agree bit for bit. (The other deterministic form, split = 2 with fp32 atomic
+adds into a zeroed buffer, needs a zeroing and a conversion launch: two graph nodes, ~0.8 us each, against the
+~5 us that out_proj can take; not built.)
+Workspace and counters are allocated once per (device, tiles, split, tile size) and kept (`_workspace`), never per
+call: the first launch of a geometry must be eager, and a first launch under CUDA-graph capture is refused (the
+runtime and bench/common.time_cuda warm every op eagerly before they capture). Launches that share a workspace must
+be ordered on one stream, as a session's are (it steps on its device's current stream, one thread at a time,
+runtime/guard.py, and replays its graphs in order); two streams running the same geometry at once would mix their
+tickets.
+Weight rows past N are wrapped (`% N`) instead of masked, so every weight load is unmasked and vectorised (only the
+store is masked); token rows past M are masked, so they read nothing. `TABLE` holds the launch per M bucket and
+width class and its time against cuBLAS's, written by `bench/gemm.py --sweep --apply` on the H200; `op.linear` sends
+a call here only where that launch beat cuBLAS (`dispatched`), in bf16 and fp16 (fp32 operands take IEEE dots: the
+interpreter tests).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -31,7 +44,8 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Config:
-    """One launch: BM token rows x BN weight rows per program, BK-wide K steps over `stages` pipeline buffers."""
+    """One launch: BM token rows x BN weight rows per program, BK-wide K steps over `stages` pipeline buffers, K cut
+    into `split` slices (one program each)."""
 
     bm: int
     bn: int
@@ -39,34 +53,80 @@ class Config:
     stages: int = 4
     warps: int = 4
     dot: bool = True  # tensor-core tiles (BM, BN >= 16); False: the FMA form (BM <= 4)
+    split: int = 1
 
     def check(self) -> None:
         if self.dot and (self.bm < 16 or self.bn < 16 or self.bk < 16):
             raise ValueError(f"tl.dot tiles need BM, BN, BK >= 16: {self}")
         if not self.dot and self.bm > 4:
-            raise ValueError(f"the FMA form holds a [BM, BN, BK] product in registers: BM <= 4, got {self}")
+            raise ValueError(f"the FMA form holds a [BN, BM, BK] product in registers: BM <= 4, got {self}")
+        if not 1 <= self.split <= 64:
+            raise ValueError(f"split must be 1..64 K-slices, got {self}")
 
 
-# (largest M, config): the first entry whose M bound holds is used; the best launch per M bucket of the sweep on the
-# H200, 2026-12-03 (bench/results/2026-12-03-gemm-sweep.md), time of in_proj + out_proj against cuBLAS's. Only M = 1
-# beats cuBLAS, so `op.GEMM_MAX_M` dispatches only there; the larger buckets stay so that the kernel is tested at
-# every decode-sized M (and the next sweep starts from them).
-TABLE: tuple[tuple[int, Config], ...] = (
-    (1, Config(1, 8, 1024, 1, 4, dot=False)),  # 0.88x cuBLAS (21.8 against 24.8 us)
-    (2, Config(16, 32, 256, 4, 4)),  # 1.04x
-    (4, Config(16, 32, 256, 4, 4)),  # 1.05x
-    (8, Config(16, 64, 128, 4, 4)),  # 1.01x
-    (16, Config(16, 32, 128, 6, 4)),  # 1.03x
-    (32, Config(32, 32, 128, 5, 4)),  # 1.11x
-    (64, Config(64, 64, 128, 4, 4)),  # 1.16x
+@dataclass(frozen=True)
+class Row:
+    """TABLE entry: `cfg` for M <= max_m and N >= min_n; vs_cublas = its time over cuBLAS's in the sweep (< 1: the
+    dispatch sends such calls here)."""
+
+    max_m: int
+    min_n: int
+    cfg: Config
+    vs_cublas: float
+
+
+# the split of a narrow row is cut so that N-tiles x split <= SMS (the H200's SMs): every winner of the sweep on
+# out_proj (32 N-tiles) ran 128 programs, one per SM, and the same launch on other widths ran a second, mostly idle
+# wave: Qwen4-Exp's PLE value [2560, 2560] (40 tiles x 4 = 160 programs) took 11.9 against cuBLAS's 7.3 us at M = 64
+# and Qwen3.5's MLP down [4096, 12288] (256 programs) 34.7 against 32.0 (bench/results/2026-12-03-gemm-uncut.md)
+SMS = 132
+WIDE_N = 8192  # in_proj-like widths (>= WIDE_N rows: enough N-tiles to fill the SMs) take their own launches
+# the first row whose bounds hold is used; per M bucket a wide row (min_n = WIDE_N, tuned on Qwen3-Next's in_proj
+# [12352, 2048]) then a narrow one (min_n = 0, tuned on its out_proj [2048, 4096]): the best launch of the sweep on
+# that shape, its time over cuBLAS's and (comment) both times, from the run named on the next line.
+# H200, 2026-12-03 (bench/results/2026-12-03-gemm-sweep.md), against cuBLAS on the same shape.
+# (M = 64 narrow: that sweep's 25 s deadline skipped its split launches; the first, complete one timed split 4 of
+# BN = 64 at 9.63 against cuBLAS's 9.87 us, bench/results/2026-12-03-gemm-sweep-all-splits.md: the next sweep decides.)
+TABLE: tuple[Row, ...] = (
+    Row(1, WIDE_N, Config(16, 64, 128, 4, 4), 0.899),  # 14.4 against 16.0 us, 3.52 TB/s
+    Row(1, 0, Config(1, 8, 1024, 1, 4, dot=False), 0.810),  # 7.1 against 8.7 us, 2.37 TB/s
+    Row(2, WIDE_N, Config(16, 64, 128, 4, 4), 0.896),  # 14.4 against 16.0 us, 3.53 TB/s
+    Row(2, 0, Config(2, 8, 1024, 1, 4, dot=False), 0.776),  # 7.4 against 9.5 us, 2.29 TB/s
+    Row(4, WIDE_N, Config(16, 64, 128, 4, 4), 0.911),  # 14.7 against 16.1 us, 3.46 TB/s
+    Row(4, 0, Config(16, 64, 128, 4, 4, split=4), 0.853),  # 8.0 against 9.4 us, 2.09 TB/s
+    Row(8, WIDE_N, Config(16, 64, 128, 4, 4), 0.911),  # 14.8 against 16.2 us, 3.44 TB/s
+    Row(8, 0, Config(16, 64, 128, 4, 4, split=4), 0.856),  # 8.1 against 9.5 us, 2.08 TB/s
+    Row(16, WIDE_N, Config(16, 64, 128, 4, 4), 0.917),  # 14.9 against 16.3 us, 3.42 TB/s
+    Row(16, 0, Config(16, 64, 128, 4, 4, split=4), 0.842),  # 8.1 against 9.6 us, 2.10 TB/s
+    Row(32, WIDE_N, Config(32, 64, 128, 4, 4), 0.936),  # 15.7 against 16.7 us, 3.29 TB/s
+    Row(32, 0, Config(32, 64, 128, 4, 4, split=4), 0.881),  # 8.6 against 9.7 us, 2.01 TB/s
+    Row(64, WIDE_N, Config(64, 64, 64, 4, 4), 1.012),  # 17.1 against 16.9 us, 3.07 TB/s
+    Row(64, 0, Config(64, 16, 512, 3, 4), 1.127),  # 11.3 against 10.0 us, 1.55 TB/s
 )
 
 
-def config_for(m: int) -> Config:
-    for bound, cfg in TABLE:
-        if m <= bound:
-            return cfg
-    raise ValueError(f"no skinny-GEMM config for M = {m} (table up to {TABLE[-1][0]})")
+def row_for(m: int, n: int) -> Row:
+    for row in TABLE:
+        if m <= row.max_m and n >= row.min_n:
+            return row
+    raise ValueError(f"no skinny-GEMM config for M = {m}, N = {n} (table up to M = {TABLE[-1].max_m})")
+
+
+def config_for(m: int, n: int) -> Config:
+    """The table's launch for an [m, K] x [n, K]^T call, its split cut to fit one program per SM (`fit`)."""
+    return fit(row_for(m, n).cfg, m, n)
+
+
+def fit(cfg: Config, m: int, n: int) -> Config:
+    """`cfg` with its split cut so that the N-tiles x M-tiles x split programs of an m x n output are at most SMS."""
+    tiles = -(-n // cfg.bn) * -(-m // (cfg.bm if cfg.dot else min(cfg.bm, triton.next_power_of_2(m))))
+    split = max(1, min(cfg.split, SMS // tiles))
+    return cfg if split == cfg.split else replace(cfg, split=split)
+
+
+def dispatched(m: int, n: int) -> bool:
+    """Whether `op.linear` sends an [m, K] x [n, K]^T call here: the table's launch for it beat cuBLAS."""
+    return 1 <= m <= TABLE[-1].max_m and row_for(m, n).vs_cublas < 1
 
 
 def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -74,31 +134,55 @@ def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Te
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+_WORK: dict[tuple, tuple[Tensor, Tensor]] = {}  # (device, tiles, split, BN * BM) -> (fp32 partials, int32 counters)
+
+
+def _workspace(device: torch.device, tiles: int, split: int, tile: int) -> tuple[Tensor, Tensor]:
+    """The partials [tiles * split * tile] fp32 and the zeroed tickets [tiles] int32 of one split-K geometry,
+    allocated on its first (eager) launch and kept: a captured graph holds their addresses, and the counters are
+    left at zero by every launch."""
+    key = (device, tiles, split, tile)
+    hit = _WORK.get(key)
+    if hit is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"the split-K GEMM's workspace for {tiles} tiles x {split} slices is allocated by "
+                               "its first launch, which must be eager: run this call once before capturing it")
+        hit = _WORK[key] = (torch.empty(tiles * split * tile, dtype=torch.float32, device=device),
+                            torch.zeros(tiles, dtype=torch.int32, device=device))
+    return hit
+
+
 @triton.jit
 def gemm_kernel(
-    x, w, y,  # x [M, K] with row stride s_x; w [N, K] contiguous; y [M, N] contiguous
-    M, N, K, s_x,
+    x, w, y, ws, cnt,  # x [M, K] with row stride s_x; w [N, K] contiguous; y [M, N] contiguous; ws, cnt: _workspace
+    M, N, K, s_x, k_slice,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """Program (i_n, i_m): y[i_m*BM : +BM, i_n*BN : +BN] over the whole of K."""
+    """Program (i_n, i_m, i_s): y[i_m*BM : +BM, i_n*BN : +BN] over K[i_s*k_slice : +k_slice] (k_slice: BK steps)."""
     dt = y.dtype.element_ty
-    i_n, i_m = tl.program_id(0), tl.program_id(1)
+    i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if SPLIT:
+        k_lo = i_s * k_slice
+        k_hi = tl.minimum(K, k_lo + k_slice)
+    else:  # static loop bounds: the unsplit loop compiles as before split-K existed (no stack at 5 stages)
+        k_lo = 0
+        k_hi = K
     o_n = i_n * BN + tl.arange(0, BN)
     o_m = i_m * BM + tl.arange(0, BM)
-    o_k = tl.arange(0, BK)
+    o_k = k_lo + tl.arange(0, BK)
     r_n = (o_n % N).to(tl.int64)  # wrapped weight rows: unmasked loads, the store drops them
     m_m = o_m < M  # masked token rows: at M = 1 of BM = 16, 15 rows read no memory
     if DOT:
         p_w = w + r_n[:, None] * K + o_k[None, :]  # [BN, BK]
         p_x = x + o_m[None, :].to(tl.int64) * s_x + o_k[:, None]  # [BK, BM]
         acc = tl.zeros([BN, BM], dtype=tl.float32)
-        for k0 in range(0, K, BK):
+        for k0 in range(k_lo, k_hi, BK):
             if EVEN_K:
                 b_w = tl.load(p_w)
                 b_x = tl.load(p_x, mask=m_m[None, :], other=0.0)
             else:
-                m_k = k0 + o_k < K
+                m_k = k0 - k_lo + o_k < K
                 b_w = tl.load(p_w, mask=m_k[None, :], other=0.0)
                 b_x = tl.load(p_x, mask=m_m[None, :] & m_k[:, None], other=0.0)
             if IEEE:
@@ -107,26 +191,39 @@ def gemm_kernel(
                 acc = tl.dot(b_w, b_x, acc)
             p_w += BK
             p_x += BK
-        m_y = (o_n < N)[:, None] & (o_m < M)[None, :]
-        tl.store(y + o_m[None, :].to(tl.int64) * N + o_n[:, None], acc.to(dt), mask=m_y)
     else:
-        p_w = w + r_n[None, :, None] * K + o_k[None, None, :]  # [1, BN, BK]
-        p_x = x + o_m[:, None, None].to(tl.int64) * s_x + o_k[None, None, :]  # [BM, 1, BK]
-        acc = tl.zeros([BM, BN, BK], dtype=tl.float32)
-        for k0 in range(0, K, BK):
+        p_w = w + r_n[:, None, None] * K + o_k[None, None, :]  # [BN, 1, BK]
+        p_x = x + o_m[None, :, None].to(tl.int64) * s_x + o_k[None, None, :]  # [1, BM, BK]
+        prod = tl.zeros([BN, BM, BK], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
             if EVEN_K:
                 b_w = tl.load(p_w)
-                b_x = tl.load(p_x, mask=m_m[:, None, None], other=0.0)
+                b_x = tl.load(p_x, mask=m_m[None, :, None], other=0.0)
             else:
-                m_k = (k0 + o_k < K)[None, None, :]
+                m_k = (k0 - k_lo + o_k < K)[None, None, :]
                 b_w = tl.load(p_w, mask=m_k, other=0.0)
-                b_x = tl.load(p_x, mask=m_m[:, None, None] & m_k, other=0.0)
-            acc += b_w.to(tl.float32) * b_x.to(tl.float32)
+                b_x = tl.load(p_x, mask=m_m[None, :, None] & m_k, other=0.0)
+            prod += b_w.to(tl.float32) * b_x.to(tl.float32)
             p_w += BK
             p_x += BK
-        b_y = tl.sum(acc, 2)  # [BM, BN]
-        m_y = (o_m < M)[:, None] & (o_n < N)[None, :]
-        tl.store(y + o_m[:, None].to(tl.int64) * N + o_n[None, :], b_y.to(dt), mask=m_y)
+        acc = tl.sum(prod, 2)  # [BN, BM]
+    p_y = y + o_m[None, :].to(tl.int64) * N + o_n[:, None]
+    m_y = (o_n < N)[:, None] & m_m[None, :]
+    if SPLIT:
+        tile = i_m * tl.num_programs(0) + i_n
+        n_s = tl.num_programs(2)
+        p_ws = ws + tile * n_s * (BN * BM) + tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :]
+        tl.store(p_ws + i_s * (BN * BM), acc)
+        tl.debug_barrier()  # every thread's partial is written before the ticket releases them
+        ticket = tl.atomic_add(cnt + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == n_s - 1:
+            acc = tl.zeros([BN, BM], dtype=tl.float32)
+            for s in range(0, n_s):  # slice order, not arrival order: the same sum at every launch
+                acc += tl.load(p_ws + s * (BN * BM), cache_modifier=".cg")
+            tl.store(p_y, acc.to(dt), mask=m_y)
+            tl.atomic_xchg(cnt + tile, 0, sem="relaxed", scope="gpu")
+    else:
+        tl.store(p_y, acc.to(dt), mask=m_y)
 
 
 def launch(x: Tensor, w: Tensor, cfg: Config) -> Tensor:
@@ -140,12 +237,18 @@ def launch(x: Tensor, w: Tensor, cfg: Config) -> Tensor:
     if K == 0:
         return y.zero_()
     bm = cfg.bm if cfg.dot else min(cfg.bm, triton.next_power_of_2(M))
-    grid = (triton.cdiv(N, cfg.bn), triton.cdiv(M, bm))
-    gemm_kernel[grid](x, w, y, M, N, K, x.stride(0), BM=bm, BN=cfg.bn, BK=cfg.bk, EVEN_K=K % cfg.bk == 0,
-                      DOT=cfg.dot, IEEE=x.dtype == torch.float32, num_warps=cfg.warps, num_stages=cfg.stages)
+    k_slice = triton.cdiv(triton.cdiv(K, cfg.split), cfg.bk) * cfg.bk  # whole BK steps; only the last may be short
+    split = triton.cdiv(K, k_slice)  # non-empty slices
+    grid = (triton.cdiv(N, cfg.bn), triton.cdiv(M, bm), split)
+    ws = cnt = y
+    if split > 1:
+        ws, cnt = _workspace(x.device, grid[0] * grid[1], split, cfg.bn * bm)
+    gemm_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), k_slice, BM=bm, BN=cfg.bn, BK=cfg.bk,
+                      EVEN_K=K % cfg.bk == 0, DOT=cfg.dot, IEEE=x.dtype == torch.float32, SPLIT=split > 1,
+                      num_warps=cfg.warps, num_stages=cfg.stages)
     return y
 
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """y = x w^T, x [M, K] (M <= the table's largest bound), w [N, K] -> [M, N] (the Triton entry of naive.linear)."""
-    return launch(x, w, config_for(x.shape[0]))
+    return launch(x, w, config_for(x.shape[0], w.shape[0]))

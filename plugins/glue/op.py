@@ -25,12 +25,13 @@ from . import naive
 from .io import PleNorms, check_rows, check_same, check_vector
 
 _BACKENDS = library.Backends(naive, "gdn_trt.plugins.glue.triton")
-# the skinny GEMM (gemm.py) takes a projection when 1 <= M <= GEMM_MAX_M and N >= GEMM_MIN_N. GEMM_MAX_M is the
-# crossover with cuBLAS on the H200, written here by `bench/gemm.py --sweep --apply`: M = 1 only (in_proj + out_proj
-# of Qwen3-Next 21.8 against cuBLAS's 24.8 us; from M = 2 cuBLAS is 1-16 % faster; 2026-12-03-gemm-sweep.md).
-# Below GEMM_MIN_N its N-tiles cannot fill the 132 SMs (no split-K).
-GEMM_MAX_M = 1
+# the skinny GEMM (gemm.py) takes a projection where its launch for that M bucket and width beat cuBLAS on the H200
+# (`gemm.dispatched`: the per-row times of `gemm.TABLE`, written by `bench/gemm.py --sweep --apply`), and only from
+# GEMM_MIN_N rows and GEMM_MIN_K columns: the sweep tunes the launches on N >= 2048, K >= 2048 (Qwen3-Next's out_proj
+# and in_proj); on Qwen4-Exp's hc up-projection [10240, 320] (three K steps per program) cuBLAS stays ahead:
+# 4.32 against our 4.67 us at M = 1 and 4.33 against 4.72 at M = 8 (bench/results/2026-12-03-gemm-uncut.md).
 GEMM_MIN_N = 1024
+GEMM_MIN_K = 1024
 _GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -137,10 +138,13 @@ def ple_gate(key: Tensor, value: Tensor, streams: Tensor, norms: PleNorms) -> tu
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """y = x w^T of one of the layer's projections: x [M, K], w [N, K] -> [M, N]. A decode-sized call on CUDA
-    (bf16 or fp16, 1 <= M <= GEMM_MAX_M, N >= GEMM_MIN_N, x unit-strided along K, w contiguous) runs the skinny
-    Triton GEMM (gemm.py); every other call, the CPU and fp32 ones included, is F.linear exactly as before."""
+    (bf16 or fp16, N >= GEMM_MIN_N, K >= GEMM_MIN_K, x unit-strided along K, w contiguous) whose launch in
+    `gemm.TABLE` beat cuBLAS runs the skinny Triton GEMM (gemm.py); every other call, the CPU and fp32 ones
+    included, is F.linear exactly as before."""
     if (x.is_cuda and x.dtype in _GEMM_DTYPES and x.dim() == 2 and w.dim() == 2 and w.dtype == x.dtype
-            and w.device == x.device and 1 <= x.shape[0] <= GEMM_MAX_M and w.shape[0] >= GEMM_MIN_N
-            and x.shape[1] == w.shape[1] and x.stride(1) == 1 and w.is_contiguous()):
-        return _impl(x).linear(x, w)
+            and w.device == x.device and w.shape[0] >= GEMM_MIN_N and x.shape[1] == w.shape[1] >= GEMM_MIN_K
+            and x.stride(1) == 1 and w.is_contiguous()):
+        impl = _impl(x)
+        if impl.gemm.dispatched(x.shape[0], w.shape[0]):
+            return impl.linear(x, w)
     return F.linear(x, w)
