@@ -172,7 +172,14 @@ REC_VARIANTS = {"bv128-w4-sub32": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_
                 "qa-ch16-cap168": dict(rec_q_after=True, rec_chunk=16, rec_maxnreg=168),
                 "qa-cap200-bv32-w1": dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_maxnreg=200),
                 "qa-ch8-cap168-bv32-w1": dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_chunk=8, rec_maxnreg=168),
-                "ch16": dict(rec_chunk=16)}
+                "ch16": dict(rec_chunk=16),
+                # the persistent grid (rec_persist): each compiled form the bench times (stages x tile x warps, the
+                # K-halves), at several programs per SM (the grid only)
+                **{f"persist-{p}-bv{bv}-w{w}-s{st}": dict(rec_persist=p, rec_bv=bv, rec_warps=w, rec_persist_stages=st)
+                   for p, bv, w, st in ((1, 64, 2, 2), (3, 64, 2, 3), (2, 64, 4, 2), (4, 64, 4, 3), (4, 32, 2, 2),
+                                        (2, 32, 2, 3), (3, 32, 4, 2), (1, 32, 4, 3))},
+                "persist-2-kh-s2": dict(rec_persist=2, rec_persist_kh=True),
+                "persist-3-kh-s3": dict(rec_persist=3, rec_persist_kh=True, rec_persist_stages=3)}
 
 
 @pytest.mark.gpu
@@ -262,7 +269,8 @@ def _steps_same_shape() -> list[Step]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["recurrent", "recurrent_stash", "chunked", "recurrent:tma-bv64-w2",
-                                "recurrent:tma-bv128-w4-sub16", "recurrent_stash:tma-bv64-w2", "recurrent:ahead-3"])
+                                "recurrent:tma-bv128-w4-sub16", "recurrent_stash:tma-bv64-w2", "recurrent:ahead-3",
+                                "recurrent:persist-3-bv64-w2-s3", "recurrent:persist-3-kh-s3"])
 def test_cuda_graph(op, monkeypatch):
     from gdn_trt.plugins.gated_delta_rule import op as gdn_op
 

@@ -29,7 +29,7 @@ from ..packing import Capture, Packing
 from .io import GdnInputs
 from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_state_kernel
 from .triton_intra import gdn_chunk_intra_kernel, gdn_chunk_wu_kernel
-from .triton_recurrent import gdn_recurrent_kernel
+from .triton_recurrent import gdn_decode_persist_kernel, gdn_recurrent_kernel
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,13 @@ class Tuning:
     # each thread also holds 32 values of k and of q; in 16-wide chunks it holds 8 rows x 4 chunks x 4 columns and 8
     # values of each (a reduced step compiled for sm_90: 168 registers against 203)
     rec_chunk: int = 0
+    # > 0: the many-sequence tile without stash on a persistent grid of this many programs per SM, each walking the
+    # (V-tile, head, sequence) items in a loop Triton software-pipelines over `rec_persist_stages` (the next items'
+    # state tiles go to shared memory by cp.async while this one steps: `triton_recurrent.gdn_decode_persist_kernel`);
+    # rec_persist_kh: the tile as two K-halves, two loads. 0: one program per item.
+    rec_persist: int = 0
+    rec_persist_stages: int = 2
+    rec_persist_kh: bool = False
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -225,13 +232,20 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
     tma = tuning.rec_tma_few if few else tuning.rec_tma
     NV = triton.cdiv(V, BV)
     ahead = tuning.rec_ahead if not few and not sub and (K * V) % (4 * NV) == 0 and _has_tma(ssm_pool.device) else 0
+    strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride())
+    if tuning.rec_persist > 0 and not few and ssm_stash is None and not sub and not tma and ssm_pool.shape[0] > 0:
+        items = NV * HV * N
+        gdn_decode_persist_kernel[(min(items, _sm_count(q.device) * tuning.rec_persist),)](
+            q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, pack.cu_seqlens, pack.slots, *strides, K ** -0.5, items,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STREAM=tuning.rec_stream, STAGES=tuning.rec_persist_stages,
+            KH=tuning.rec_persist_kh and BK >= 2, num_warps=warps)
+        return o
     if tma and _has_tma(ssm_pool.device) and V % 4 == 0 and ssm_pool.data_ptr() % 16 == 0:
         pool = TensorDescriptor(ssm_pool.view(-1, K, V), [ssm_pool.numel() // (K * V), K, V], [K * V, V, 1],
                                 [1, BK, sub or BV])
     gdn_recurrent_kernel[(NV, HV, N)](
         q, k, v, a, b, x.A_log, x.dt_bias, o, pool, ssm_pool if ssm_stash is None else ssm_stash,
-        pack.cu_seqlens, pack.slots,
-        *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
+        pack.cu_seqlens, pack.slots, *strides, K ** -0.5,
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STASH=ssm_stash is not None,
         STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages, TMA=pool is not ssm_pool,
         AHEAD=0 if pool is not ssm_pool else ahead, Q_AFTER=tuning.rec_q_after,
