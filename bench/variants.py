@@ -61,16 +61,18 @@ DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),  # 255 regs, 8 B spi
 # sub bv64 w2 sub16 s3 80.4 / 305.6 (96, 24 KB: 9 / SM), tma sub bv128 w4 sub32 s2 81.8 / 297.9 (96, 33 KB: 5 / SM),
 # ahead 1024 89.1 / 356.0, ahead 2048 87.7 / 364.5 (ahead 512: 78.5 / 280.3, timed again here)
 # the persistent decode grid (Tuning.rec_persist programs per SM, its loop pipelined over rec_persist_stages; the
-# state tile in two K-halves with rec_persist_kh): (label, Tuning change)
-PERSIST_VARIANTS = [(f"persist {p}/SM bv{bv} w{w} s{st}",
-                     dict(rec_persist=p, rec_bv=bv, rec_warps=w, rec_persist_stages=st))
-                    for st in (2, 3) for bv in (64, 32) for w in (2, 4) for p in (1, 2, 3, 4)]
-PERSIST_VARIANTS += [(f"persist {p}/SM bv64 w2 s{st} K-halves",
-                      dict(rec_persist=p, rec_bv=64, rec_warps=2, rec_persist_stages=st, rec_persist_kh=True))
-                     for st in (2, 3) for p in (2, 3)]
-# the 32 x 2 tile fits 6 programs per SM in 2 stages, 5 in 3 (registers and shared memory, sm_90 compile)
-PERSIST_VARIANTS += [("persist 6/SM bv32 w2 s2", dict(rec_persist=6, rec_bv=32, rec_warps=2, rec_persist_stages=2)),
-                     ("persist 5/SM bv32 w2 s3", dict(rec_persist=5, rec_bv=32, rec_warps=2, rec_persist_stages=3))]
+# 2-byte inputs read as 4-byte words with rec_persist_pairs, so that the pipeliner copies them too): (label,
+# Tuning change). Timed at commit 856eae1 without the word reads (H200, 2026-12-03-kernels-persist.md; N = 64 / 256
+# against the default's 73.5 / 277.7 us), every form slower: best 3/SM bv64 w2 s3 75.2 / 278.2 us; bv64 w2 s2 4/SM
+# 78.0 / 285.4; bv32 w2 s3 4/SM 79.9 / 295.1; bv32 w2 s2 6/SM 79.0 / 300.4; 1/SM 121-205 / 472-817 us; w4 forms
+# 90-205 / 354-817; K-halves 98.8-121.0 / 385.3-472.2 (254 registers, no more programs per SM)
+PERSIST_VARIANTS = [(f"persist {p}/SM bv{bv} w{w} s{st}" + (" words" if pairs else ""),
+                     dict(rec_persist=p, rec_bv=bv, rec_warps=w, rec_persist_stages=st, rec_persist_pairs=pairs))
+                    for pairs, bv, w, st, p in (
+                        (False, 64, 2, 3, 3), (True, 64, 2, 3, 2), (True, 64, 2, 3, 3), (False, 64, 2, 2, 4),
+                        (True, 64, 2, 2, 3), (True, 64, 2, 2, 4), (True, 64, 4, 2, 2), (True, 64, 4, 2, 3),
+                        (True, 32, 2, 3, 4), (True, 32, 2, 3, 5), (True, 32, 2, 2, 4), (True, 32, 2, 2, 6),
+                        (True, 32, 4, 2, 4), (True, 32, 4, 3, 4))]
 # the few-sequence tile at N = 1 (the TMA variants, rec_tma_few, timed slower at commit e325b03: 16 x 1 4.2 us, 8 x 1
 # 4.4 us against the default's 3.8, H200, 2026-12-03-kernels-decode.md)
 DECODE_FEW_VARIANTS = [("tile bv16 w1 (few: Tuning)", dict())]

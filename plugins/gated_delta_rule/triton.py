@@ -95,6 +95,7 @@ class Tuning:
     rec_persist: int = 0
     rec_persist_stages: int = 2
     rec_persist_kh: bool = False
+    rec_persist_pairs: bool = False
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -238,7 +239,8 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         gdn_decode_persist_kernel[(min(items, _sm_count(q.device) * tuning.rec_persist),)](
             q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, pack.cu_seqlens, pack.slots, *strides, K ** -0.5, items,
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STREAM=tuning.rec_stream, STAGES=tuning.rec_persist_stages,
-            KH=tuning.rec_persist_kh and BK >= 2, num_warps=warps)
+            KH=tuning.rec_persist_kh and BK >= 2, PAIRS=tuning.rec_persist_pairs and _word_pairs(q, k, v, a, b, BK),
+            num_warps=warps)
         return o
     if tma and _has_tma(ssm_pool.device) and V % 4 == 0 and ssm_pool.data_ptr() % 16 == 0:
         pool = TensorDescriptor(ssm_pool.view(-1, K, V), [ssm_pool.numel() // (K * V), K, V], [K * V, V, 1],
@@ -254,6 +256,16 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),
     )
     return o
+
+
+def _word_pairs(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, BK: int) -> bool:
+    """Whether the persistent decode kernel may read the 2-byte q, k, v, a, b as aligned 4-byte words: every base
+    4-byte aligned, every row and head stride even, K, V and HV even, unit head stride for the gates (`PAIRS` of
+    triton_recurrent.gdn_decode_persist_kernel)."""
+    return (q.element_size() == 2 and all(t.data_ptr() % 4 == 0 for t in (q, k, v, a, b))
+            and all(s % 2 == 0 for t in (q, k, v) for s in t.stride()[:2]) and a.stride(1) == b.stride(1) == 1
+            and a.stride(0) % 2 == 0 and b.stride(0) % 2 == 0
+            and q.shape[2] % 2 == 0 and v.shape[2] % 2 == 0 and v.shape[1] % 2 == 0 and BK >= 4)
 
 
 def _rec_few(tuning: Tuning, V: int, sequence_heads: int) -> bool:

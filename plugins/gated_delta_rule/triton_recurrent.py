@@ -289,6 +289,34 @@ def _tile_load(p, o_r, o_c, i_v, K: tl.constexpr, V: tl.constexpr, BV: tl.conste
 
 
 @triton.jit
+def _vec_f32(p, n: tl.constexpr, lim, PAIRS: tl.constexpr):
+    """The n values at p (those from lim on read as 0) in fp32. PAIRS: 2-byte values read as n / 2 aligned 4-byte
+    words (p 4-byte aligned, lim even): cp.async moves 4, 8 or 16 bytes a thread, so Triton's pipeliner leaves a
+    load of 2 bytes a thread (a [64] bf16 vector on 64 threads) synchronous, its latency exposed once per item."""
+    if PAIRS:
+        o = tl.arange(0, n // 2)
+        w = tl.load(p.to(tl.pointer_type(tl.int32)) + o, mask=2 * o < lim, other=0)
+        lo = (w & 0xFFFF).to(tl.uint16).to(p.dtype.element_ty, bitcast=True).to(tl.float32)
+        hi = ((w >> 16) & 0xFFFF).to(tl.uint16).to(p.dtype.element_ty, bitcast=True).to(tl.float32)
+        return tl.reshape(tl.join(lo, hi), [n])
+    else:
+        o = tl.arange(0, n)
+        return tl.load(p + o, mask=o < lim, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _head_f32(p, i, PAIRS: tl.constexpr):
+    """p[i] in fp32 (p: a token's row of a [T, HV] gate input, unit stride). PAIRS: read from the aligned 4-byte
+    word that holds elements i - i % 2 and i - i % 2 + 1 (HV even, p 4-byte aligned: both inside the row)."""
+    if PAIRS:
+        w = tl.load(p.to(tl.pointer_type(tl.int32)) + i // 2)
+        h = (w >> (16 * (i % 2))) & 0xFFFF
+        return h.to(tl.uint16).to(p.dtype.element_ty, bitcast=True).to(tl.float32)
+    else:
+        return tl.load(p + i).to(tl.float32)
+
+
+@triton.jit
 def gdn_decode_persist_kernel(
     q, k, v, a, b, A_log, dt_bias,  # as gdn_recurrent_kernel (q, k [T, H, K]; v [T, HV, V]; a, b [T, HV])
     o,  # [T, HV, V]
@@ -298,6 +326,7 @@ def gdn_decode_persist_kernel(
     scale, n_items,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, STREAM: tl.constexpr, STAGES: tl.constexpr, KH: tl.constexpr,
+    PAIRS: tl.constexpr = False,
 ):
     """The recurrent kernel on a persistent grid (Tuning.rec_persist), pool mode only: program p walks the work items
     p, p + P, p + 2P, ... (P programs; item = (sequence, value head, V-tile), V-tiles fastest) in a loop that
@@ -306,7 +335,8 @@ def gdn_decode_persist_kernel(
     compute and no program launches or drains in a tail wave. One-token sequences (every sequence of DECODE /
     DECODE_MULTI_SEQ) take that loop; its loads are masked off for padding sequences (slot -1: zero output row)
     and for sequences of another length, which a second, unpipelined loop runs afterwards with token_steps (only
-    in programs that met one). KH: the tile as two K-halves [BK / 2, BV], two loads, each reduced apart."""
+    in programs that met one). KH: the tile as two K-halves [BK / 2, BV], two loads, each reduced apart. PAIRS:
+    2-byte q, k, v, a, b read as 4-byte words (`_vec_f32`, `_head_f32`), so that the pipeliner copies them too."""
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     NV: tl.constexpr = (V + BV - 1) // BV
     LOAD_HINT: tl.constexpr = "evict_first" if STREAM else ""
@@ -337,17 +367,16 @@ def gdn_decode_persist_kernel(
         row = tl.where(live, bos, 0)  # the token's row; row 0 (T >= 1) stands in where no token is read
         p_q = q + row * s_qt + i_h * s_qh
         p_k = k + row * s_kt + i_h * s_kh
-        b_q0 = tl.load(p_q + o_r, mask=o_r < K, other=0.0).to(tl.float32)
-        b_k0 = tl.load(p_k + o_r, mask=o_r < K, other=0.0).to(tl.float32)
+        b_q0 = _vec_f32(p_q, RK, K, PAIRS)
+        b_k0 = _vec_f32(p_k, RK, K, PAIRS)
         if KH:
             b_h1 = _tile_load(p_l, RK + o_r, o_c, i_v, K, V, BV, FULL, LOAD_HINT)
-            b_q1 = tl.load(p_q + RK + o_r, mask=RK + o_r < K, other=0.0).to(tl.float32)
-            b_k1 = tl.load(p_k + RK + o_r, mask=RK + o_r < K, other=0.0).to(tl.float32)
-        b_v = tl.load(v + row * s_vt + i_hv * s_vh + i_v * BV + o_c, mask=i_v * BV + o_c < V, other=0.0)
-        b_v = b_v.to(tl.float32)
+            b_q1 = _vec_f32(p_q + RK, RK, K - RK, PAIRS)
+            b_k1 = _vec_f32(p_k + RK, RK, K - RK, PAIRS)
+        b_v = _vec_f32(v + row * s_vt + i_hv * s_vh + i_v * BV, BV, V - i_v * BV, PAIRS)
         b_g = -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus(
-            tl.load(a + row * s_at + i_hv * s_ah).to(tl.float32) + tl.load(dt_bias + i_hv).to(tl.float32))
-        b_beta = tl.sigmoid(tl.load(b + row * s_bt + i_hv * s_bh).to(tl.float32))
+            _head_f32(a + row * s_at, i_hv * s_ah, PAIRS) + tl.load(dt_bias + i_hv).to(tl.float32))
+        b_beta = tl.sigmoid(_head_f32(b + row * s_bt, i_hv * s_bh, PAIRS))
         # the token step of token_steps (reductions over K from the raw q, k and the tile as loaded; norms after)
         b_hk, b_hq = _hk_hq(b_h0, b_k0, b_q0)
         b_kk = tl.sum(b_k0 * b_k0, 0)
