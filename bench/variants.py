@@ -65,7 +65,10 @@ DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),  # 255 regs, 8 B spi
 # Tuning change). Timed at commit 856eae1 without the word reads (H200, 2026-12-03-kernels-persist.md; N = 64 / 256
 # against the default's 73.5 / 277.7 us), every form slower: best 3/SM bv64 w2 s3 75.2 / 278.2 us; bv64 w2 s2 4/SM
 # 78.0 / 285.4; bv32 w2 s3 4/SM 79.9 / 295.1; bv32 w2 s2 6/SM 79.0 / 300.4; 1/SM 121-205 / 472-817 us; w4 forms
-# 90-205 / 354-817; K-halves 98.8-121.0 / 385.3-472.2 (254 registers, no more programs per SM)
+# 90-205 / 354-817; K-halves 98.8-121.0 / 385.3-472.2 (254 registers, no more programs per SM). With the word reads
+# (commit acb11a5, 2026-12-03-kernels-persist2.md, default 73.6 / 276.5 us): best 3/SM bv64 w2 s3 74.7 / 280.6
+# (the same form without them 76.2 / 276.5), bv64 w4 s2 3/SM 77.1 / 284.9 (90.4 / 354.4 without: its q, k loads were
+# 2 bytes a thread)
 PERSIST_VARIANTS = [(f"persist {p}/SM bv{bv} w{w} s{st}" + (" words" if pairs else ""),
                      dict(rec_persist=p, rec_bv=bv, rec_warps=w, rec_persist_stages=st, rec_persist_pairs=pairs))
                     for pairs, bv, w, st, p in (

@@ -91,7 +91,13 @@ class Tuning:
     # > 0: the many-sequence tile without stash on a persistent grid of this many programs per SM, each walking the
     # (V-tile, head, sequence) items in a loop Triton software-pipelines over `rec_persist_stages` (the next items'
     # state tiles go to shared memory by cp.async while this one steps: `triton_recurrent.gdn_decode_persist_kernel`);
-    # rec_persist_kh: the tile as two K-halves, two loads. 0: one program per item.
+    # rec_persist_kh: the tile as two K-halves, two loads; rec_persist_pairs: 2-byte q, k, v, a, b read as 4-byte
+    # words (a load of 2 bytes a thread stays synchronous in the pipelined loop). 0: one program per item. Timed
+    # slower (H200, 2026-12-03-kernels-persist.md, -persist2.md; N = 64 / 256): best 3/SM, 64 x 2, 3 stages 75.2 /
+    # 278.2 and 76.2 / 276.5 us (with word reads 74.7 / 280.6) against the default's 73.5 / 277.7 and 73.6 / 276.5
+    # in the same runs; at 3/SM, 64 KB of shared memory and 255 registers a program, one SM's item rate is the
+    # default's (2.42 against 2.37 us per 64 KB item at N = 64), and the grid has a tail of its own (10.3 items a
+    # program, the longest 11). Fewer programs per SM are latency-bound (1/SM: 126 us at N = 64).
     rec_persist: int = 0
     rec_persist_stages: int = 2
     rec_persist_kh: bool = False
