@@ -4,7 +4,7 @@ differently, timed beside the real kernels to find where their time goes (no har
 - `empty_kernel`: one program that returns at once: the per-launch floor of a CUDA-graph replay.
 - `copy_kernel`: a flat fp32 copy in Triton (contiguous blocks): the streaming ceiling of a Triton kernel.
 - `rec_copy_kernel`: the decode kernel's state traffic alone: same grid (V-tiles x value heads x sequences), same
-  [K, BV] tile, slot lookup and cache hints, the tile stored back unchanged.
+  [K, BV] tile, slot lookup and cache hints, the tile stored back unchanged (DIRECT: without the slot lookup).
 - `conv_update_kernel`: the conv's one-token update in three pool layouts ([S, D, 3] ours in round 1, [S, D, 4]
   FLA's aligned row, [S, 3, D] one contiguous row per history column), and ours moved as one flat run per channel tile
   with the taps gathered in registers, each with or without the cu_seqlens / slots lookups. Layout 2 is the
@@ -36,9 +36,13 @@ def copy_kernel(src, dst, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def rec_copy_kernel(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+def rec_copy_kernel(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                    DIRECT: tl.constexpr = False):
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    slot = tl.load(slots + i_n).to(tl.int64)
+    if DIRECT:  # sequence n in pool row n: no load before the state's address is known
+        slot = i_n.to(tl.int64)
+    else:
+        slot = tl.load(slots + i_n).to(tl.int64)
     o_h = tl.arange(0, K)[:, None] * V + i_v * BV + tl.arange(0, BV)[None, :]
     pool += (slot * HV + i_hv) * K * V
     tl.store(pool + o_h, tl.load(pool + o_h, eviction_policy="evict_first"), cache_modifier=".cs")

@@ -2,14 +2,14 @@
 
 Each function adds rows to a `kernels.Bench` (section = the group's name): the launch floor and a Triton copy
 (the ceilings); the decode kernel's default tilings beside its variants (`Tuning.rec_maxnreg`, `rec_q_after`,
-`rec_chunk`; `rec_tma`, `rec_sub`, `rec_ahead` timed before) at N = 64 and 256, with the state traffic alone in the default grid
-as the ceiling, and decode with the conv update fused in
-(a probe: the contract change it needs is described in probes.py) against the two launches of today; the
-chunked prefill's `Tuning` variants (`state_wy`) at T = 16384 and varlen 16 x 1024 (`prefill-var`), and
-its solve launch alone (`solve-probe`) on one sequence and on 16 (with and without the empty chunk slots of the grid); the conv
-update's variants. `summary`
-prints, per case, the default, the fastest variant and FLA's time, which the defaults are switched from. Every
-variant run here is checked against float64 by the GPU tests (tests/test_triton_gdn.py, test_triton_conv.py).
+`rec_chunk`, the persistent grid `rec_persist`; `rec_tma`, `rec_sub`, `rec_ahead` timed before) at N = 64 and
+256, with the state traffic alone in the default grid as the ceiling (and in the few-sequence grids at N = 1),
+and decode with the conv update fused in (a probe: the contract change it needs is described in probes.py)
+against the two launches of today; the chunked prefill's `Tuning` variants (`state_wy`) at T = 16384 and varlen
+16 x 1024 (`prefill-var`), and its solve launch alone (`solve-probe`) on one sequence and on 16 (with and without
+the empty chunk slots of the grid); the conv update's variants. `summary` prints, per case, the default, the
+fastest variant and FLA's time, which the defaults are switched from. Every variant run here is checked against
+float64 by the GPU tests (tests/test_triton_gdn.py, test_triton_conv.py).
 """
 
 from __future__ import annotations
@@ -60,21 +60,38 @@ DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),  # 255 regs, 8 B spi
 # tma bv64 w4 103.8 / 389.9 (158, 32 KB: 3 / SM), tma sub bv128 w4 sub16 s3 84.7 / 314.5 (72, 24 KB: 7 / SM), tma
 # sub bv64 w2 sub16 s3 80.4 / 305.6 (96, 24 KB: 9 / SM), tma sub bv128 w4 sub32 s2 81.8 / 297.9 (96, 33 KB: 5 / SM),
 # ahead 1024 89.1 / 356.0, ahead 2048 87.7 / 364.5 (ahead 512: 78.5 / 280.3, timed again here)
+# the persistent decode grid (Tuning.rec_persist programs per SM, its loop pipelined over rec_persist_stages; the
+# 2-byte inputs read as 4-byte words with rec_persist_pairs, so that the pipeliner copies them too): (label,
+# Tuning change). Timed at commit 856eae1 without the word reads (H200, 2026-12-03-kernels-persist.md; N = 64 / 256
+# against the default's 73.5 / 277.7 us), every form slower: best 3/SM bv64 w2 s3 75.2 / 278.2 us; bv64 w2 s2 4/SM
+# 78.0 / 285.4; bv32 w2 s3 4/SM 79.9 / 295.1; bv32 w2 s2 6/SM 79.0 / 300.4; 1/SM 121-205 / 472-817 us; w4 forms
+# 90-205 / 354-817; K-halves 98.8-121.0 / 385.3-472.2 (254 registers, no more programs per SM). With the word reads
+# (commit acb11a5, 2026-12-03-kernels-persist2.md, default 73.6 / 276.5 us): best 3/SM bv64 w2 s3 74.7 / 280.6
+# (the same form without them 76.2 / 276.5), bv64 w4 s2 3/SM 77.1 / 284.9 (90.4 / 354.4 without: its q, k loads were
+# 2 bytes a thread)
+PERSIST_VARIANTS = [(f"persist {p}/SM bv{bv} w{w} s{st}" + (" words" if pairs else ""),
+                     dict(rec_persist=p, rec_bv=bv, rec_warps=w, rec_persist_stages=st, rec_persist_pairs=pairs))
+                    for pairs, bv, w, st, p in (
+                        (False, 64, 2, 3, 3), (True, 64, 2, 3, 2), (True, 64, 2, 3, 3), (False, 64, 2, 2, 4),
+                        (True, 64, 2, 2, 3), (True, 64, 2, 2, 4), (True, 64, 4, 2, 2), (True, 64, 4, 2, 3),
+                        (True, 32, 2, 3, 4), (True, 32, 2, 3, 5), (True, 32, 2, 2, 4), (True, 32, 2, 2, 6),
+                        (True, 32, 4, 2, 4), (True, 32, 4, 3, 4))]
 # the few-sequence tile at N = 1 (the TMA variants, rec_tma_few, timed slower at commit e325b03: 16 x 1 4.2 us, 8 x 1
 # 4.4 us against the default's 3.8, H200, 2026-12-03-kernels-decode.md)
 DECODE_FEW_VARIANTS = [("tile bv16 w1 (few: Tuning)", dict())]
 
 
 def decode_variants(b) -> None:
-    """At N = 1 the few-sequence tile and its TMA variants; at N = 64 and 256 the many-sequence tile and its
-    variants (one token per sequence), then the same default grid moving only the state (the ceiling the step's
-    compute is measured against)."""
+    """At N = 1 the few-sequence tile and its TMA variants, and the few-sequence grids moving only the state; at
+    N = 64 and 256 the many-sequence tile, the same default grid moving only the state (the ceiling the step's
+    compute is measured against) and the persistent grid's variants, then the other many-sequence variants (one
+    token per sequence; last, so that a run cut by its time limit loses those first)."""
     for label, change in DECODE_FEW_VARIANTS:
         b.recurrent(1, 1, False, replace(b.gdn, **change), label, fla=False)["section"] = "decode-var"
+    copy_floor_one(b)
     for n in (64, 256):
-        for label, change in DECODE_VARIANTS:
-            tu = replace(b.gdn, rec_few_below=0, **change)
-            b.recurrent(n, 1, False, tu, label, fla=False)["section"] = "decode-var"
+        label, change = DECODE_VARIANTS[0]
+        b.recurrent(n, 1, False, replace(b.gdn, rec_few_below=0, **change), label, fla=False)["section"] = "decode-var"
         sets = n_sets_for(n * STATE_BYTES)
         pools = [torch.randn(n, HV, K, V, device="cuda") for _ in range(sets)]
         slots = torch.arange(n, dtype=torch.int32, device="cuda")
@@ -83,7 +100,50 @@ def decode_variants(b) -> None:
                                                                          BV=64, num_warps=2), sets)
         b.add("decode-var", f"decode {n}x1", "state copy only bv64 w2", t, state_TBps=nbytes / t.median_s / 1e12,
               pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw)
+        for label, change in PERSIST_VARIANTS:
+            seen = _compiled(gdn_tri.gdn_decode_persist_kernel)
+            tu = replace(b.gdn, rec_few_below=0, **change)
+            b.recurrent(n, 1, False, tu, label, fla=False)["section"] = "decode-var"
+            for key, info in _compiled(gdn_tri.gdn_decode_persist_kernel).items():
+                if key not in seen:
+                    print(f"compiled  {label:34s} {info}", flush=True)
+    for n in (64, 256):
+        for label, change in DECODE_VARIANTS[1:]:
+            tu = replace(b.gdn, rec_few_below=0, **change)
+            b.recurrent(n, 1, False, tu, label, fla=False)["section"] = "decode-var"
     fused_decode_probe(b)
+
+
+def _compiled(fn) -> dict:
+    """{cache key: registers, spill bytes, shared memory, cp.async copies in its TTGIR} of each kernel compiled
+    from the JIT function `fn` in this process (Triton 3.6: JITFunction.device_caches[device][0])."""
+    out = {}
+    try:
+        for cache in getattr(fn, "device_caches", {}).values():
+            for key, k in (cache[0].items() if isinstance(cache, tuple) else ()):
+                asm = getattr(k, "asm", {}) or {}
+                out[key] = dict(regs=getattr(k, "n_regs", None), spills=getattr(k, "n_spills", None),
+                                shared=getattr(k.metadata, "shared", None),
+                                async_copies=str(asm.get("ttgir", "")).count("async_copy_global_to_local"))
+    except Exception as e:  # noqa: BLE001 - a Triton whose cache looks otherwise: said, and the timings go on
+        print(f"compiled  cannot read {fn.__name__}'s JIT cache: {type(e).__name__}: {e}", flush=True)
+    return out
+
+
+def copy_floor_one(b) -> None:
+    """Decode at N = 1: the few-sequence grids (16, 8, 4 wide on one warp) moving only the state (probes.py
+    rec_copy_kernel), with the slot lookup and without it (the state address known at launch): the floor of any
+    kernel that reads and writes the state with that grid, and what the slot -> state load chain costs in it."""
+    sets = n_sets_for(STATE_BYTES)
+    pools = [torch.randn(1, HV, K, V, device="cuda") for _ in range(sets)]
+    slots = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for bv in (16, 8, 4):
+        for direct in (False, True):
+            t = time_cuda(lambda i: probes.rec_copy_kernel[(V // bv, HV, 1)](
+                pools[i % sets], slots, HV=HV, K=K, V=V, BV=bv, DIRECT=direct, num_warps=1), sets)
+            label = f"state copy only bv{bv} w1" + (", no slot lookup" if direct else "")
+            b.add("decode-var", "decode 1x1", label, t, state_TBps=2 * STATE_BYTES / t.median_s / 1e12,
+                  pct_copy_bw=100 * 2 * STATE_BYTES / t.median_s / b.copy_bw)
 
 
 def fused_decode_probe(b) -> None:

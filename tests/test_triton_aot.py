@@ -78,6 +78,10 @@ def test_variant_tunings_fit_sm90(change):
             assert c.registers <= launch.maxnreg and c.spill_stack <= 256, c.row()
         elif launch.name in ("gdn_recurrent_kernel", "gdn_chunk_wu_kernel", "gdn_chunk_out_kernel"):
             assert c.spill_stack <= 8, c.row()
+        elif launch.name == "gdn_decode_persist_kernel":
+            # the 64 x 2 tile in 3 stages spills 16 B (Triton 3.9): at 255 registers the tile beside the scalars of
+            # the next items that the pipeliner carries; timed as it is (Tuning.rec_persist)
+            assert c.spill_stack <= 16, c.row()
 
 
 @pytest.mark.parametrize("change", [{}, *(pytest.param(c, id=n) for n, c in CONV_UPDATE_VARIANTS.items())])

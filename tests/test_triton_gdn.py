@@ -10,6 +10,7 @@ unwritten stash / capture rows still NaN, output rows of padding sequences exact
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from gdn_trt.export.tolerances import tol
 from gdn_trt.plugins.gated_delta_rule import naive
+from gdn_trt.plugins import samples
 from gdn_trt.plugins.packing import Capture, Packing
 from gdn_trt.plugins.samples import POOL_ROWS, VARLEN_STEP, Heads, Step, f64_inputs, make_inputs
 
@@ -172,7 +174,27 @@ REC_VARIANTS = {"bv128-w4-sub32": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_
                 "qa-ch16-cap168": dict(rec_q_after=True, rec_chunk=16, rec_maxnreg=168),
                 "qa-cap200-bv32-w1": dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_maxnreg=200),
                 "qa-ch8-cap168-bv32-w1": dict(rec_bv=32, rec_warps=1, rec_q_after=True, rec_chunk=8, rec_maxnreg=168),
-                "ch16": dict(rec_chunk=16)}
+                "ch16": dict(rec_chunk=16),
+                # the persistent grid (rec_persist): each compiled form the bench times (stages x tile x warps, the
+                # K-halves), at several programs per SM (the grid only)
+                **{f"persist-{p}-bv{bv}-w{w}-s{st}": dict(rec_persist=p, rec_bv=bv, rec_warps=w, rec_persist_stages=st)
+                   for p, bv, w, st in ((1, 64, 2, 2), (3, 64, 2, 3), (2, 64, 4, 2), (4, 64, 4, 3), (4, 32, 2, 2),
+                                        (2, 32, 2, 3), (3, 32, 4, 2), (1, 32, 4, 3))},
+                "persist-2-kh-s2": dict(rec_persist=2, rec_persist_kh=True),
+                "persist-3-kh-s3": dict(rec_persist=3, rec_persist_kh=True, rec_persist_stages=3),
+                **{f"persist-{p}-bv{bv}-w{w}-s{st}-pairs": dict(rec_persist=p, rec_bv=bv, rec_warps=w,
+                                                                rec_persist_stages=st, rec_persist_pairs=True)
+                   for p, bv, w, st in ((3, 64, 2, 3), (4, 64, 2, 2), (4, 32, 2, 3), (3, 64, 4, 2), (4, 32, 4, 2))}}
+
+
+def aligned_inputs(*args):
+    """`make_inputs` with q, k, v, a, b each in an allocation of its own (aligned, even strides), so that the
+    persistent decode kernel reads the 2-byte ones as 4-byte words (Tuning.rec_persist_pairs; the samples' slices
+    at odd offsets take the plain loads)."""
+    x, pack, pool = samples.make_inputs(*args)
+    x = replace(x, **{n: getattr(x, n).contiguous().clone() for n in ("q", "k", "v", "a", "b")})
+    assert _tri()._word_pairs(x.q, x.k, x.v, x.a, x.b, 4) == (x.q.element_size() == 2), "word reads not taken"
+    return x, pack, pool
 
 
 @pytest.mark.gpu
@@ -180,6 +202,8 @@ REC_VARIANTS = {"bv128-w4-sub32": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_
 @pytest.mark.parametrize("variant", list(REC_VARIANTS))
 def test_recurrent_variants(variant, dtype, monkeypatch):
     tri = _tri()
+    if "pairs" in variant:
+        monkeypatch.setattr(sys.modules[__name__], "make_inputs", aligned_inputs)
     few = dict() if variant.startswith("tma-few") else dict(rec_few_below=0)
     monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, **few, **REC_VARIANTS[variant]))
     check_recurrent(_decode_step(33), QWEN3_NEXT, dtype, "cuda", stash=False, pool_rows=4 * 33)
@@ -262,7 +286,9 @@ def _steps_same_shape() -> list[Step]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["recurrent", "recurrent_stash", "chunked", "recurrent:tma-bv64-w2",
-                                "recurrent:tma-bv128-w4-sub16", "recurrent_stash:tma-bv64-w2", "recurrent:ahead-3"])
+                                "recurrent:tma-bv128-w4-sub16", "recurrent_stash:tma-bv64-w2", "recurrent:ahead-3",
+                                "recurrent:persist-3-bv64-w2-s3", "recurrent:persist-3-kh-s3",
+                                "recurrent:persist-3-bv64-w2-s3-pairs"])
 def test_cuda_graph(op, monkeypatch):
     from gdn_trt.plugins.gated_delta_rule import op as gdn_op
 
@@ -270,6 +296,8 @@ def test_cuda_graph(op, monkeypatch):
     if variant:  # a decode variant in the many-sequence tiling: its descriptor or prefetch captured in the graph
         tri = _tri()
         monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, rec_few_below=0, **REC_VARIANTS[variant]))
+        if "pairs" in variant:
+            monkeypatch.setattr(sys.modules[__name__], "make_inputs", aligned_inputs)
 
     steps = _steps_same_shape()
     x, pack, pool = make_inputs(steps[0], QWEN3_NEXT, torch.bfloat16, "cuda")

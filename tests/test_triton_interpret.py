@@ -77,6 +77,52 @@ else:
             check_recurrent(Step((1, 1, 3, 1), (3, -1, 0, 2)), Heads(2, 2, 24, 48), F32, "cpu", stash=False)
             check_recurrent(Step((3, 0, 1, 2), (1, 2, 5, -1)), Heads(1, 3, 16, 40), F32, "cpu", stash=True)
 
+    def test_gdn_recurrent_persistent(monkeypatch):
+        # the persistent grid (Tuning.rec_persist) on 2 "SMs", so each program walks several items: one-token
+        # sequences in the pipelined loop (padding among them), a 3-token, an empty and a 2-token padding sequence
+        # in the loop after it; whole tiles (K = 16, V = 32: no load masks) and masked ones (K = 24, V = 48), in one
+        # tile and in K-halves, over 2 and 3 stages
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "_sm_count", lambda dev: 2)
+        for change in (dict(rec_persist=1), dict(rec_persist=2, rec_persist_stages=3),
+                       dict(rec_persist=2, rec_persist_kh=True), dict(rec_persist=3, rec_persist_kh=True,
+                                                                      rec_persist_stages=3)):
+            monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rec_few_below=0, rec_bv=32, **change))
+            check_recurrent(Step((1, 1, 1, 1, 1), (3, -1, 0, 2, 6)), Heads(2, 2, 16, 32), F32, "cpu", stash=False)
+            check_recurrent(Step((1, 1, 3, 1, 0, 2), (3, -1, 0, 2, 5, -1)), Heads(2, 2, 24, 48), F32, "cpu",
+                            stash=False)
+            check_recurrent(Step((3, 0, 1, 2), (1, 2, 5, -1)), Heads(1, 3, 16, 40), F32, "cpu", stash=True)
+
+    def test_gdn_recurrent_persistent_word_reads(monkeypatch):
+        # the persistent grid reading bf16 q, k, v, a, b as 4-byte words (Tuning.rec_persist_pairs; aligned inputs)
+        # gives bit for bit what it gives with plain reads (checked against float64 in fp32 above; the bf16 bound is
+        # checked on the GPU: here the interpreter's bf16 output rounding alone is over it, 3.3e-3 in every decode
+        # kernel), in one tile and in K-halves, whole tiles and masked ones (V = 48 in 32-wide tiles)
+        from dataclasses import replace
+
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        from .kernel_support import poisoned
+        from .test_triton_gdn import _dead_rows, aligned_inputs
+
+        monkeypatch.setattr(gdn_tri, "_sm_count", lambda dev: 2)
+        for change in (dict(rec_persist=2), dict(rec_persist=3, rec_persist_kh=True, rec_persist_stages=3)):
+            for step, heads in ((Step((1, 1, 1, 1, 1), (3, -1, 0, 2, 6)), Heads(2, 2, 16, 32)),
+                                (Step((1, 1, 3, 1, 0, 2), (3, -1, 0, 2, 5, -1)), Heads(1, 4, 24, 48))):
+                x, pack, pool = aligned_inputs(step, heads, torch.bfloat16, "cpu", 8)
+                got = []
+                for pairs in (False, True):
+                    tu = replace(gdn_tri.TUNING, rec_few_below=0, rec_bv=32, rec_persist_pairs=pairs, **change)
+                    p = pool.clone()
+                    with poisoned(gdn_tri):
+                        got.append((gdn_tri.launch_recurrent(x, pack, p, None, tu), p))
+                (o_plain, p_plain), (o_pairs, p_pairs) = got
+                assert torch.isfinite(o_pairs).all() and (o_pairs[_dead_rows(step)] == 0).all()
+                assert torch.equal(o_plain, o_pairs) and torch.equal(p_plain, p_pairs)
+
     def test_gdn_chunked_varlen():
         check_chunked(Step((1, 70, 0), (0, 3, 5), (1, 64, 0)), Heads(1, 2, 16, 32), F32, "cpu")
 

@@ -29,7 +29,7 @@ from ..packing import Capture, Packing
 from .io import GdnInputs
 from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_state_kernel
 from .triton_intra import gdn_chunk_intra_kernel, gdn_chunk_wu_kernel
-from .triton_recurrent import gdn_recurrent_kernel
+from .triton_recurrent import gdn_decode_persist_kernel, gdn_recurrent_kernel
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,20 @@ class Tuning:
     # each thread also holds 32 values of k and of q; in 16-wide chunks it holds 8 rows x 4 chunks x 4 columns and 8
     # values of each (a reduced step compiled for sm_90: 168 registers against 203)
     rec_chunk: int = 0
+    # > 0: the many-sequence tile without stash on a persistent grid of this many programs per SM, each walking the
+    # (V-tile, head, sequence) items in a loop Triton software-pipelines over `rec_persist_stages` (the next items'
+    # state tiles go to shared memory by cp.async while this one steps: `triton_recurrent.gdn_decode_persist_kernel`);
+    # rec_persist_kh: the tile as two K-halves, two loads; rec_persist_pairs: 2-byte q, k, v, a, b read as 4-byte
+    # words (a load of 2 bytes a thread stays synchronous in the pipelined loop). 0: one program per item. Timed
+    # slower (H200, 2026-12-03-kernels-persist.md, -persist2.md; N = 64 / 256): best 3/SM, 64 x 2, 3 stages 75.2 /
+    # 278.2 and 76.2 / 276.5 us (with word reads 74.7 / 280.6) against the default's 73.5 / 277.7 and 73.6 / 276.5
+    # in the same runs; at 3/SM, 64 KB of shared memory and 255 registers a program, one SM's item rate is the
+    # default's (2.42 against 2.37 us per 64 KB item at N = 64), and the grid has a tail of its own (10.3 items a
+    # program, the longest 11). Fewer programs per SM are latency-bound (1/SM: 126 us at N = 64).
+    rec_persist: int = 0
+    rec_persist_stages: int = 2
+    rec_persist_kh: bool = False
+    rec_persist_pairs: bool = False
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -225,13 +239,21 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
     tma = tuning.rec_tma_few if few else tuning.rec_tma
     NV = triton.cdiv(V, BV)
     ahead = tuning.rec_ahead if not few and not sub and (K * V) % (4 * NV) == 0 and _has_tma(ssm_pool.device) else 0
+    strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride())
+    if tuning.rec_persist > 0 and not few and ssm_stash is None and not sub and not tma and ssm_pool.shape[0] > 0:
+        items = NV * HV * N
+        gdn_decode_persist_kernel[(min(items, _sm_count(q.device) * tuning.rec_persist),)](
+            q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, pack.cu_seqlens, pack.slots, *strides, K ** -0.5, items,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STREAM=tuning.rec_stream, STAGES=tuning.rec_persist_stages,
+            KH=tuning.rec_persist_kh and BK >= 2, PAIRS=tuning.rec_persist_pairs and _word_pairs(q, k, v, a, b, BK),
+            num_warps=warps)
+        return o
     if tma and _has_tma(ssm_pool.device) and V % 4 == 0 and ssm_pool.data_ptr() % 16 == 0:
         pool = TensorDescriptor(ssm_pool.view(-1, K, V), [ssm_pool.numel() // (K * V), K, V], [K * V, V, 1],
                                 [1, BK, sub or BV])
     gdn_recurrent_kernel[(NV, HV, N)](
         q, k, v, a, b, x.A_log, x.dt_bias, o, pool, ssm_pool if ssm_stash is None else ssm_stash,
-        pack.cu_seqlens, pack.slots,
-        *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
+        pack.cu_seqlens, pack.slots, *strides, K ** -0.5,
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STASH=ssm_stash is not None,
         STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages, TMA=pool is not ssm_pool,
         AHEAD=0 if pool is not ssm_pool else ahead, Q_AFTER=tuning.rec_q_after,
@@ -240,6 +262,16 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),
     )
     return o
+
+
+def _word_pairs(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, BK: int) -> bool:
+    """Whether the persistent decode kernel may read the 2-byte q, k, v, a, b as aligned 4-byte words: every base
+    4-byte aligned, every row and head stride even, K, V and HV even, unit head stride for the gates (`PAIRS` of
+    triton_recurrent.gdn_decode_persist_kernel)."""
+    return (q.element_size() == 2 and all(t.data_ptr() % 4 == 0 for t in (q, k, v, a, b))
+            and all(s % 2 == 0 for t in (q, k, v) for s in t.stride()[:2]) and a.stride(1) == b.stride(1) == 1
+            and a.stride(0) % 2 == 0 and b.stride(0) % 2 == 0
+            and q.shape[2] % 2 == 0 and v.shape[2] % 2 == 0 and v.shape[1] % 2 == 0 and BK >= 4)
 
 
 def _rec_few(tuning: Tuning, V: int, sequence_heads: int) -> bool:

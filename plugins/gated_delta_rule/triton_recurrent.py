@@ -269,3 +269,170 @@ def gdn_recurrent_kernel(
                 pool.store([row, 0, i_v * BV], b_h.reshape(1, BK, BV))
             else:
                 tl.store(pool + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
+
+
+@triton.jit
+def _hk_hq(b_h, b_k, b_q):
+    """(S^T k, S^T q) [columns] of a tile b_h [rows, columns] against the raw k, q over its rows."""
+    return tl.sum(b_h * b_k[:, None], 0), tl.sum(b_h * b_q[:, None], 0)
+
+
+@triton.jit
+def _tile_load(p, o_r, o_c, i_v, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, FULL: tl.constexpr,
+               HINT: tl.constexpr):
+    """The state rows o_r, columns o_c of the tile at p (masked to [K, V] unless FULL)."""
+    if FULL:
+        return tl.load(p + o_r[:, None] * V + o_c[None, :], eviction_policy=HINT)
+    else:
+        return tl.load(p + o_r[:, None] * V + o_c[None, :], mask=(o_r < K)[:, None] & (i_v * BV + o_c < V)[None, :],
+                       other=0.0, eviction_policy=HINT)
+
+
+@triton.jit
+def _vec_f32(p, n: tl.constexpr, lim, PAIRS: tl.constexpr):
+    """The n values at p (those from lim on read as 0) in fp32. PAIRS: 2-byte values read as n / 2 aligned 4-byte
+    words (p 4-byte aligned, lim even): cp.async moves 4, 8 or 16 bytes a thread, so Triton's pipeliner leaves a
+    load of 2 bytes a thread (a [64] bf16 vector on 64 threads) synchronous, its latency exposed once per item."""
+    if PAIRS:
+        o = tl.arange(0, n // 2)
+        w = tl.load(p.to(tl.pointer_type(tl.int32)) + o, mask=2 * o < lim, other=0)
+        lo = (w & 0xFFFF).to(tl.uint16).to(p.dtype.element_ty, bitcast=True).to(tl.float32)
+        hi = ((w >> 16) & 0xFFFF).to(tl.uint16).to(p.dtype.element_ty, bitcast=True).to(tl.float32)
+        return tl.reshape(tl.join(lo, hi), [n])
+    else:
+        o = tl.arange(0, n)
+        return tl.load(p + o, mask=o < lim, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _head_f32(p, i, PAIRS: tl.constexpr):
+    """p[i] in fp32 (p: a token's row of a [T, HV] gate input, unit stride). PAIRS: read from the aligned 4-byte
+    word that holds elements i - i % 2 and i - i % 2 + 1 (HV even, p 4-byte aligned: both inside the row)."""
+    if PAIRS:
+        w = tl.load(p.to(tl.pointer_type(tl.int32)) + i // 2)
+        h = (w >> (16 * (i % 2))) & 0xFFFF
+        return h.to(tl.uint16).to(p.dtype.element_ty, bitcast=True).to(tl.float32)
+    else:
+        return tl.load(p + i).to(tl.float32)
+
+
+@triton.jit
+def gdn_decode_persist_kernel(
+    q, k, v, a, b, A_log, dt_bias,  # as gdn_recurrent_kernel (q, k [T, H, K]; v [T, HV, V]; a, b [T, HV])
+    o,  # [T, HV, V]
+    pool,  # [S, HV, K, V] fp32
+    cu_seqlens, slots,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_at, s_ah, s_bt, s_bh,
+    scale, n_items,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, STREAM: tl.constexpr, STAGES: tl.constexpr, KH: tl.constexpr,
+    PAIRS: tl.constexpr = False,
+):
+    """The recurrent kernel on a persistent grid (Tuning.rec_persist), pool mode only: program p walks the work items
+    p, p + P, p + 2P, ... (P programs; item = (sequence, value head, V-tile), V-tiles fastest) in a loop that
+    Triton software-pipelines over STAGES: the state tile of a later item (and its q, k, v, gates) is loaded by
+    cp.async into shared memory while this item's step runs, so the state reads stay in flight through the
+    compute and no program launches or drains in a tail wave. One-token sequences (every sequence of DECODE /
+    DECODE_MULTI_SEQ) take that loop; its loads are masked off for padding sequences (slot -1: zero output row)
+    and for sequences of another length, which a second, unpipelined loop runs afterwards with token_steps (only
+    in programs that met one). KH: the tile as two K-halves [BK / 2, BV], two loads, each reduced apart. PAIRS:
+    2-byte q, k, v, a, b read as 4-byte words (`_vec_f32`, `_head_f32`), so that the pipeliner copies them too."""
+    pid, nprog = tl.program_id(0), tl.num_programs(0)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    LOAD_HINT: tl.constexpr = "evict_first" if STREAM else ""
+    STORE_HINT: tl.constexpr = ".cs" if STREAM else ""
+    RK: tl.constexpr = BK // 2 if KH else BK  # rows of one load
+    FULL: tl.constexpr = (K == BK) and (V % BV == 0)  # every tile whole: its loads need no mask
+    o_r = tl.arange(0, RK)
+    o_c = tl.arange(0, BV)
+    o_hr = o_r[:, None] * V + o_c[None, :]
+    other = 0
+    for it in tl.range(pid, n_items, nprog, num_stages=STAGES):
+        i_v = it % NV
+        i_hv = (it // NV) % HV
+        i_n = it // (NV * HV)
+        i_h = i_hv // (HV // H)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        n_t = tl.load(cu_seqlens + i_n + 1) - bos
+        slot = tl.load(slots + i_n).to(tl.int64)
+        one = n_t == 1
+        live = one & (slot >= 0)
+        # the tile is read from max(slot, 0) (row 0 of the pool for a padding sequence, its value unused) with no
+        # mask where the tile is whole (FULL) and stored at the slot under a mask built from scalars only: a mask or
+        # address shared by the load and the store would be a tile-shaped value carried from the stage that loads to
+        # the stage that stores (one per stage in flight: 128 x 64 pointers and predicates, 255 registers and 288 B
+        # spilled in 3 stages, sm_90 compile)
+        p_l = pool + (tl.maximum(slot, 0) * HV + i_hv) * K * V + i_v * BV
+        b_h0 = _tile_load(p_l, o_r, o_c, i_v, K, V, BV, FULL, LOAD_HINT)
+        row = tl.where(live, bos, 0)  # the token's row; row 0 (T >= 1) stands in where no token is read
+        p_q = q + row * s_qt + i_h * s_qh
+        p_k = k + row * s_kt + i_h * s_kh
+        b_q0 = _vec_f32(p_q, RK, K, PAIRS)
+        b_k0 = _vec_f32(p_k, RK, K, PAIRS)
+        if KH:
+            b_h1 = _tile_load(p_l, RK + o_r, o_c, i_v, K, V, BV, FULL, LOAD_HINT)
+            b_q1 = _vec_f32(p_q + RK, RK, K - RK, PAIRS)
+            b_k1 = _vec_f32(p_k + RK, RK, K - RK, PAIRS)
+        b_v = _vec_f32(v + row * s_vt + i_hv * s_vh + i_v * BV, BV, V - i_v * BV, PAIRS)
+        b_g = -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus(
+            _head_f32(a + row * s_at, i_hv * s_ah, PAIRS) + tl.load(dt_bias + i_hv).to(tl.float32))
+        b_beta = tl.sigmoid(_head_f32(b + row * s_bt, i_hv * s_bh, PAIRS))
+        # the token step of token_steps (reductions over K from the raw q, k and the tile as loaded; norms after)
+        b_hk, b_hq = _hk_hq(b_h0, b_k0, b_q0)
+        b_kk = tl.sum(b_k0 * b_k0, 0)
+        b_qq = tl.sum(b_q0 * b_q0, 0)
+        b_kq = tl.sum(b_k0 * b_q0, 0)
+        if KH:
+            b_hk1, b_hq1 = _hk_hq(b_h1, b_k1, b_q1)
+            b_hk += b_hk1
+            b_hq += b_hq1
+            b_kk += tl.sum(b_k1 * b_k1, 0)
+            b_qq += tl.sum(b_q1 * b_q1, 0)
+            b_kq += tl.sum(b_k1 * b_q1, 0)
+        b_rk = 1.0 / tl.sqrt(b_kk + 1e-6)
+        b_rq = scale / tl.sqrt(b_qq + 1e-6)
+        b_e = tl.exp(b_g)
+        b_kq = b_kq * b_rk * b_rq
+        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+        b_o = tl.where(live, b_e * b_rq * b_hq + b_kq * b_v, 0.0)
+        tl.store(o + (bos * HV + i_hv) * V + i_v * BV + o_c, b_o.to(o.dtype.element_ty),
+                 mask=i_v * BV + o_c < tl.where(one, V, 0))  # zeros for a padding sequence
+        b_u = b_rk * b_v
+        p_s = pool + (slot * HV + i_hv) * K * V + i_v * BV
+        cols = i_v * BV + o_c < tl.where(live, V, 0)
+        tl.store(p_s + o_hr, b_e * b_h0 + b_k0[:, None] * b_u[None, :], mask=(o_r < K)[:, None] & cols[None, :],
+                 cache_modifier=STORE_HINT)
+        if KH:
+            tl.store(p_s + RK * V + o_hr, b_e * b_h1 + b_k1[:, None] * b_u[None, :],
+                     mask=(RK + o_r < K)[:, None] & cols[None, :], cache_modifier=STORE_HINT)
+        other += (n_t > 1).to(tl.int32)
+    if other > 0:
+        # sequences of more than one token (legal in the op's contract, never in a DECODE step): the general step
+        o_k = tl.arange(0, BK)
+        m_k = o_k < K
+        for it in range(pid, n_items, nprog):
+            i_v = it % NV
+            i_hv = (it // NV) % HV
+            i_n = it // (NV * HV)
+            bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+            eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+            slot = tl.load(slots + i_n).to(tl.int64)
+            if eos - bos > 1:
+                m_v = i_v * BV + o_c < V
+                p_o = o + (bos * HV + i_hv) * V + i_v * BV
+                if slot < 0:
+                    for _ in range(bos, eos):
+                        tl.store(p_o + o_c, tl.zeros([BV], dtype=o.dtype.element_ty), mask=m_v)
+                        p_o += HV * V
+                else:
+                    i_h = i_hv // (HV // H)
+                    o_h = o_k[:, None] * V + o_c[None, :]
+                    m_h = m_k[:, None] & m_v[None, :]
+                    p_h = pool + (slot * HV + i_hv) * K * V + i_v * BV
+                    b_h = tl.load(p_h + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
+                    b_h = token_steps(b_h, q + bos * s_qt + i_h * s_qh, k + bos * s_kt + i_h * s_kh,
+                                      v + bos * s_vt + i_hv * s_vh + i_v * BV, a + bos * s_at + i_hv * s_ah,
+                                      b + bos * s_bt + i_hv * s_bh, p_o, p_h, A_log + i_hv, dt_bias + i_hv, scale,
+                                      eos - bos, o_k, m_k, o_c, m_v, o_h, m_h, s_qt, s_kt, s_vt, s_at, s_bt,
+                                      HV, K, V, False, STORE_HINT)
+                    tl.store(p_h + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
