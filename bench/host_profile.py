@@ -114,6 +114,8 @@ def main() -> None:
             print(f"decode N={n}{' in place' if static else ''}: " + "  ".join(f"{k} {v:.1f} us" for k, v in p.items()),
                   flush=True)
         if rb.DEV == "cuda":
+            _, idle = rb.timed(o.step_fn("decode", [1] * n, "static"), 20)
+            print(f"decode N={n} in place, bench/runtime.py's measure (`timed`): enqueue {idle:.1f} us", flush=True)
             p = phases(o, n, args.steps, True, spin)
             print(f"decode N={n} in place, spin wait: " + "  ".join(f"{k} {v:.1f} us" for k, v in p.items()),
                   flush=True)

@@ -547,13 +547,15 @@ def test_fences_are_one_per_stream_and_cost_no_call():
 @pytest.mark.gpu
 def test_a_snapshot_waits_for_a_step_on_another_stream():
     """A decode step enqueued on a side stream behind ~50 ms of GPU spin, then a snapshot from the default stream
-    with no synchronization: it holds the state after the step (its fence synchronizes the side stream)."""
+    with no synchronization: it holds the state after the step (its fence synchronizes the side stream). The first
+    decode step of each session captures and gates the bucket's graph (which synchronizes), on the default stream."""
     ref, s = _gpu(PLAIN, torch.float32), _gpu(PLAIN, torch.float32)
-    h, _ = inputs(ref, 5, seed=3)
+    h, _ = inputs(ref, 6, seed=3)
     h = h.cuda()
     for sess in (ref, s):
         sess.prefill(sess.add_sequence(), h[:4])
-    ref.decode({0: h[4:5]})
+        sess.decode({0: h[4:5]})
+    ref.decode({0: h[5:6]})
     want = ref.snapshot(0)
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
@@ -561,6 +563,6 @@ def test_a_snapshot_waits_for_a_step_on_another_stream():
     with torch.cuda.stream(side):
         torch.cuda._sleep(100_000_000)  # cycles: tens of ms at the H200's clock
         with s.begin_step(np.array([0]), "decode") as step:
-            step.run(h[4:5])
+            step.run(h[5:6])
     assert not side.query(), "the side stream finished before the snapshot: the test shows nothing"
     assert s.snapshot(0) == want
