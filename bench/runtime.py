@@ -349,7 +349,7 @@ def reading(rows: list[dict]) -> str:
             continue
         host_bound = r["enqueue_us"] > r["device_us"]
         say(r["enqueue_us"] <= 40, f"decode N={n}: host enqueue {r['enqueue_us']:.1f} us <= 40 us",
-            "the open (request check) + input copy, graph launch, output copy + close (fence event): "
+            "the open (request check) + input copy, graph launch, output copy + close (the commit): "
             "bench/host_profile.py splits them; the `static` row leaves out the two copies")
         say((r["wall_over_device"] or 9) <= 1.1, f"decode N={n}: wall {r['wall_us']:.0f} us <= 1.1 x device "
             f"{r['device_us']:.0f} us", "host-bound: the enqueue exceeds the device time" if host_bound else
@@ -362,7 +362,8 @@ def reading(rows: list[dict]) -> str:
         if st:
             say(st["enqueue_us"] <= 40, f"decode N={n}, input and output in place: host enqueue "
                 f"{st['enqueue_us']:.1f} us <= 40 us; wall / device {st['wall_over_device'] or 0:.2f}",
-                "the open (request check) + graph launch + close (fence event)")
+                "the open (request check) + graph launch + close (the commit): host speed varies up to 2x between "
+                "H200 hosts (bench/host_profile.py)")
         d = _get(rows, "dict", f"decode {n}")
         if d:
             out.append(f"- decode N={n}: dict API enqueue {d['enqueue_us']:.0f} us against the batched API's "
@@ -374,7 +375,13 @@ def reading(rows: list[dict]) -> str:
                 f"and conv kernels ({r['device_over_kernels']:.2f}x)", f"glue {r['glue_us']:.0f} us")
     p, q = _get(rows, "ple", "decode 256"), _get(rows, "noPLE", "decode 256")
     if p and p["ple_host_us"] is not None:
-        say(p["ple_host_us"] <= 100, f"PLE host part of a 256-sequence decode step {p['ple_host_us']:.0f} us <= 100 us",
+        # the alternative: the host part overlaps the previous step. Back to back, a step's open (PLE part
+        # included) runs while the GPU still works on the step before: it adds no wall time when the enqueue stays
+        # below the device time and the wall stays within 1.1x of it
+        hidden = p["enqueue_us"] < p["device_us"] and p["wall_us"] <= 1.1 * p["device_us"]
+        say(p["ple_host_us"] <= 100 or hidden, f"PLE host part of a 256-sequence decode step {p['ple_host_us']:.0f} "
+            f"us <= 100 us, or overlapping the previous step (enqueue {p['enqueue_us']:.0f} us below the device's "
+            f"{p['device_us']:.0f}, wall / device {p['wall_us'] / p['device_us']:.2f} <= 1.1)",
             "hashing and the row gather into pinned staging on the host (bench/host_cpu.py splits them)")
     if p and q:
         ratio = p["wall_us"] / q["wall_us"]
