@@ -177,3 +177,35 @@ def as_f64(args: tuple) -> tuple:
 def reference(name: str, args: tuple):
     out = getattr(naive, entry(name))(*as_f64(args))
     return out if isinstance(out, tuple) else (out,)
+
+
+def decode_eager_and_replayed(layer: GdnLayer, x: torch.Tensor, residual: torch.Tensor | None,
+                              ple_rows: torch.Tensor | None) -> tuple:
+    """DECODE_MULTI_SEQ of 4 sequences (slots 0, 2, padding, 1 of a 3-slot pool of random state) on CUDA: run eagerly,
+    warmed on a side stream, captured in a CUDA graph and replayed from the same start. Asserts that the replay's
+    pools equal the eager run's bit for bit; returns (eager output, replayed output)."""
+    spec = BufferSpec(x.dtype, "cuda")
+    step = StepInput(x, Packing.build([1] * 4, [0, 2, -1, 1], "cuda"), residual, ple_rows)
+    start = LayerState.allocate(layer.cfg, layer.index, 3, spec)
+    for t in start.tensors():
+        t.normal_()
+
+    def copy() -> LayerState:
+        return LayerState(*[t.clone() if t is not None else None for t in (start.conv, start.ssm, start.ple_conv)])
+
+    eager, graphed, warm = copy(), copy(), copy()
+    want, _ = layer.decode_multi_seq(step, eager)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        layer.decode_multi_seq(step, warm)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, _ = layer.decode_multi_seq(step, graphed)
+    for a, b in zip(graphed.tensors(), start.tensors()):
+        a.copy_(b)
+    g.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(eager.tensors(), graphed.tensors()))
+    return want, out

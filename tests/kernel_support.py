@@ -8,7 +8,6 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 import torch
 
 INSIDE = os.environ.get("TRITON_INTERPRET") == "1"  # this process runs under the Triton interpreter
@@ -17,7 +16,6 @@ INSIDE = os.environ.get("TRITON_INTERPRET") == "1"  # this process runs under th
 def rerun_under_interpreter(test_file: str, *pytest_args: str, timeout: int = 900) -> None:
     """Run `test_file` again in a subprocess with TRITON_INTERPRET=1 (Triton picks the interpreter at import, so the
     interpreter cases of a file exist only in such a process) and assert that its cases ran and passed."""
-    pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     here = Path(test_file)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, str(here)],

@@ -9,8 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("model", "plugins", "export", "runtime", "app", "tests", "bench", "docs", "engines")
 # the citations a clone cannot follow: the design notes, the reference folder, the sibling folder of the checkout
-# (its name is joined here so that this file does not match its own pattern)
-OUTSIDE = re.compile(r"DESIGN\.md|DESIGN §|\breference/\w+\.md|\.\./" + "sha" + "red")
+# (each name is joined here from two halves so that this file does not match its own pattern)
+_DESIGN, _REF, _SIBLING = "DES" + "IGN", "refer" + "ence", "../" + "sha" + "red"
+OUTSIDE = re.compile(rf"{_DESIGN}\.md|{_DESIGN} §|\b{_REF}/\w+\.md|{re.escape(_SIBLING)}")
 CITED = re.compile(r"docs/(\w+)\.md((?:#[\w-]+|, #[\w-]+)+)")
 
 

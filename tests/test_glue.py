@@ -23,7 +23,8 @@ from gdn_trt.model.norms import gated_rms_norm, rms_norm_1p
 from gdn_trt.plugins.glue import naive
 from gdn_trt.plugins.glue import op as glue
 
-from .glue_support import LAYERS, Shape, assert_same_step, entry, glue_cases, make_layer, reference, run_step
+from .glue_support import (LAYERS, Shape, assert_same_step, decode_eager_and_replayed, entry, glue_cases, make_layer,
+                           reference, run_step)
 from .tolerances import assert_close
 
 F64 = torch.float64
@@ -158,33 +159,10 @@ def test_fused_layer_equals_torch_glue_layer_on_cuda(case, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_LAYERS, ids=lambda c: c[0])
 def test_fused_layer_graph_replay_equals_eager_bit_for_bit(case):
-    from gdn_trt.model.state import BufferSpec, LayerState, StepInput
-    from gdn_trt.plugins.packing import Packing
-
     layer = make_layer(*case, torch.bfloat16, "cuda")
-    cfg, spec = layer.cfg, BufferSpec(torch.bfloat16, "cuda")
+    cfg = layer.cfg
     x = torch.randn(4, cfg.stream_dim, device="cuda").bfloat16()
     res = None if cfg.is_hc else torch.randn_like(x)
     rows = torch.randn(4, cfg.ple_heads, cfg.ple_head_dim, device="cuda").bfloat16() if layer.ple is not None else None
-    step = StepInput(x, Packing.build([1] * 4, [0, 2, -1, 1], "cuda"), res, rows)
-    start = LayerState.allocate(cfg, layer.index, 3, spec)
-    for t in start.tensors():
-        t.normal_()
-    copy = lambda: LayerState(*[t.clone() if t is not None else None  # noqa: E731
-                                for t in (start.conv, start.ssm, start.ple_conv)])
-    eager, graphed, warm = copy(), copy(), copy()
-    want, _ = layer.decode_multi_seq(step, eager)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        layer.decode_multi_seq(step, warm)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out, _ = layer.decode_multi_seq(step, graphed)
-    for a, b in zip(graphed.tensors(), start.tensors()):
-        a.copy_(b)
-    g.replay()
-    torch.cuda.synchronize()
+    want, out = decode_eager_and_replayed(layer, x, res, rows)
     assert torch.equal(want.x, out.x)
-    assert all(torch.equal(a, b) for a, b in zip(eager.tensors(), graphed.tensors()))

@@ -53,7 +53,6 @@ if not INSIDE:
         assert torch.equal(glue.linear(x, w), F.linear(x, w))
 
     def test_table_covers_the_dispatch_and_checks_configs():
-        pytest.importorskip("triton")
         from gdn_trt.plugins.glue import gemm
 
         top = gemm.TABLE[-1].max_m
@@ -72,7 +71,6 @@ if not INSIDE:
 
     def test_dispatch_follows_the_measured_ratios():
         """op.linear's choice per M and width is the table row's: ours exactly where its sweep time beat cuBLAS's."""
-        pytest.importorskip("triton")
         from gdn_trt.plugins.glue import gemm
 
         last = {}  # min_n -> the bound of the previous row of that width class
@@ -86,7 +84,6 @@ if not INSIDE:
     def test_table_compiles_for_sm90_without_spills():
         """Each launch of the table at Qwen3-Next's in_proj (K 2048) and an uneven K, compiled as the H200 would
         (plugins/triton_aot.py): no spilled registers, shared memory within the sm_90 limit."""
-        pytest.importorskip("triton")
         from gdn_trt.plugins import triton_aot
         from gdn_trt.plugins.glue import gemm
 
@@ -250,42 +247,19 @@ if not INSIDE:
     def test_real_layer_decode_graph_runs_the_kernel_and_replays_bit_for_bit(monkeypatch):
         """The Qwen3-Next layer at real shapes, decode of 4 sequences: in_proj and out_proj go to the Triton GEMM,
         and a CUDA-graph replay of the step equals its eager run bit for bit (output and pools)."""
-        from gdn_trt.model.state import BufferSpec, LayerState, StepInput
         from gdn_trt.plugins.glue import gemm
-        from gdn_trt.plugins.packing import Packing
 
-        from .glue_support import make_layer
+        from .glue_support import decode_eager_and_replayed, make_layer
 
         assert _crossover(monkeypatch) >= 4
         calls = []
         launch = gemm.launch
         monkeypatch.setattr(gemm, "launch", lambda x, w, c: calls.append(tuple(w.shape)) or launch(x, w, c))
         layer = make_layer("qwen3-next-80b-a3b", 0, torch.bfloat16, "cuda")
-        cfg, spec = layer.cfg, BufferSpec(torch.bfloat16, "cuda")
-        x = torch.randn(4, cfg.stream_dim, device="cuda").bfloat16()
-        step = StepInput(x, Packing.build([1] * 4, [0, 2, -1, 1], "cuda"), torch.randn_like(x), None)
-        start = LayerState.allocate(cfg, layer.index, 3, spec)
-        for t in start.tensors():
-            t.normal_()
-        copy = lambda: LayerState(*[t.clone() if t is not None else None  # noqa: E731
-                                    for t in (start.conv, start.ssm, start.ple_conv)])
-        eager, graphed, warm = copy(), copy(), copy()
-        want, _ = layer.decode_multi_seq(step, eager)
+        x = torch.randn(4, layer.cfg.stream_dim, device="cuda").bfloat16()
+        want, out = decode_eager_and_replayed(layer, x, torch.randn_like(x), None)
         assert sorted(set(calls)) == sorted({tuple(layer.mixer.in_proj.shape), tuple(layer.mixer.out_proj.shape)})
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            layer.decode_multi_seq(step, warm)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out, _ = layer.decode_multi_seq(step, graphed)
-        for a, b in zip(graphed.tensors(), start.tensors()):
-            a.copy_(b)
-        g.replay()
-        torch.cuda.synchronize()
         assert torch.equal(want.x, out.x) and torch.equal(want.residual, out.residual)
-        assert all(torch.equal(a, b) for a, b in zip(eager.tensors(), graphed.tensors()))
 
 else:
     from gdn_trt.plugins.glue import gemm
