@@ -11,7 +11,8 @@ verify), nominal TFLOP/s and Mtok/s (prefill), bandwidth of the conv, and the ac
 The sweep picks our launch parameters first (on the largest case of each kernel) and the headline rows use them;
 without it (`--only` leaving out sweep) the rows use the committed defaults (`triton.Tuning`). The variant
 sections (bench/variants.py) time the `Tuning` variants beside the defaults; the run ends with a summary per case
-(default, fastest variant, FLA), also written as `summary` rows. `--only round2 --prefill-T 16384` is the
+(default, fastest variant, FLA), also written as `summary` rows. Decode also runs `ours PDL`: the same calls
+launched with programmatic dependent launch, as the runtime's step launches them (plugins/pdl.py). `--only round2 --prefill-T 16384` is the
 round-2 call: every case of the kernel targets beside FLA, the variants and the per-pass breakdown.
 """
 
@@ -35,6 +36,7 @@ import variants
 from cases import (CHUNK_FLOP_PER_TOKEN, D_CONV, FLA, HV, STATE_BYTES, W_CONV, DT, H, K, V, fla_chunk, fla_recurrent,
                    gdn_inputs, packing, rel_rms)
 
+from gdn_trt.plugins import pdl
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.gated_delta_rule import naive as gdn_naive
@@ -78,6 +80,14 @@ class Bench:
         bw = state_bytes / t.median_s
         ours = self.add("recurrent", case, label or "ours", t, state_TBps=bw / 1e12,
                         pct_copy_bw=100 * bw / self.copy_bw)
+        with pdl.scope():
+            if label is None and not stash and pdl.enabled(torch.device("cuda")):
+                # the same calls launched with PDL, as the runtime's step launches them (plugins/pdl.py): a call's
+                # state load overlaps the call before it (another pool: no call reads what the one before writes)
+                tp = time_cuda(lambda i: gdn_tri.launch_recurrent(x, pack, pools[i % sets], st, tuning), sets)
+                bwp = state_bytes / tp.median_s
+                self.add("recurrent", case, "ours PDL", tp, state_TBps=bwp / 1e12,
+                         pct_copy_bw=100 * bwp / self.copy_bw)
         if fla and self.peer and not stash:
             tf = time_cuda(lambda i: fla_recurrent(x, N, pools[i % sets]), sets)
             bwf = state_bytes / tf.median_s

@@ -19,8 +19,10 @@ Stacks (4 GDN layers, bf16 activations, fp32 state, synthetic weights; the sessi
 
 Per (stack, case): `wall_us` per step (back-to-back steps between two synchronisations); `enqueue_us`, the duration
 of a step's call started on an idle GPU (the host's own cost: open, layer calls or replay, close); `device_us`,
-the kernels' time per step from torch.profiler, and per category (`gemm`, `gdn`, `conv`, `glue` by
-`bench/glue.category`); for graph steps also `replay_us` (CUDA events around back-to-back replays of the step's
+the time per step the device has a kernel of the step running, from torch.profiler (the union of the kernels'
+intervals: with programmatic dependent launch, `plugins/pdl.py`, a kernel starts inside the one before it, so the
+sum of their times, `kernel_sum_us`, counts the overlap twice), and the kernels' time per category (`gemm`, `gdn`,
+`conv`, `glue` by `bench/glue.category`; these overlap likewise); for graph steps also `replay_us` (CUDA events around back-to-back replays of the step's
 graphs); `floor_us`: the layer weights plus every sequence's fp32 state read and written once (verify: read once,
 the stash written per token; prefill: read and written once) at the copy rate measured in the same run; the ratios
 `wall/device`, `device/floor` and `device/kernels` (kernels = GEMM + GDN + conv); for `ple`, `ple_host_us`: the
@@ -80,6 +82,7 @@ class Row:
     wall_us: float = float("nan")
     enqueue_us: float = float("nan")
     device_us: float = float("nan")
+    kernel_sum_us: float = float("nan")
     replay_us: float | None = None
     floor_us: float | None = None
     wall_over_device: float | None = None
@@ -109,8 +112,11 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def profile(fn, reps: int = 5) -> tuple[float, dict[str, float]]:
-    """Kernel time per call (us) and per kernel, from torch.profiler over `reps` calls."""
+def profile(fn, reps: int = 5) -> tuple[float, dict[str, float], float]:
+    """(kernel time per call, per kernel, device busy time per call) in us, from torch.profiler over `reps` calls.
+    Busy: the union of the kernels' intervals on the device. With programmatic dependent launch (plugins/pdl.py) a
+    kernel starts while the one before it runs and waits inside, so kernel times overlap and their sum counts the
+    overlap twice; the union counts the time the device has a step's kernel running once."""
     from torch.profiler import ProfilerActivity, profile as prof_
 
     fn()
@@ -125,7 +131,23 @@ def profile(fn, reps: int = 5) -> tuple[float, dict[str, float]]:
             else ev.self_cpu_time_total
         if t > 0 and ev.key and not ev.key.startswith(("cudaLaunch", "cudaStream", "ProfilerStep", "cudaGraph")):
             per[ev.key] = per.get(ev.key, 0.0) + t / reps
-    return sum(per.values()), per
+    return sum(per.values()), per, _busy_us(prof) / reps
+
+
+def _busy_us(prof) -> float:
+    """Union of the device events' intervals in a profile (us); 0 where the profiler's events carry no times."""
+    try:
+        spans = sorted((e.start_ns(), e.end_ns()) for e in prof.profiler.kineto_results.events()
+                       if e.device_type() != torch.autograd.DeviceType.CPU and e.end_ns() > e.start_ns())
+    except AttributeError:
+        return 0.0
+    busy, end = 0, None
+    for a, b in spans:
+        if end is None or a > end:
+            busy, end = busy + b - a, b
+        elif b > end:
+            busy, end = busy + b - end, b
+    return busy / 1e3
 
 
 IDLE_CALLS = 100  # 10 before 2026-12-03: the medians of two runs then differed by up to 20 us (host jitter)
@@ -243,7 +265,8 @@ def measure_ours(o: Ours, stack: str, case: str, steps: int, bw: float, api: str
     before = {k: dict(v.paths) for k, v in stats.items()}
     row.wall_us, row.enqueue_us = timed(fn, steps)
     row.path = ",".join(sorted({p for k, v in stats.items() for p, c in v.paths.items() if c > before[k].get(p, 0)}))
-    row.device_us, kernels = profile(fn)
+    row.kernel_sum_us, kernels, busy = profile(fn)
+    row.device_us = busy or row.kernel_sum_us
     categorize(row, kernels)
     if kind == "decode" and DEV == "cuda":
         graphs = o.sess.graphs.replayable(len(lengths))
@@ -305,7 +328,8 @@ def measure_hf(h: Hf, case: str, steps: int, bw: float, floor_bytes: float | Non
     row = Row("hf", case, path=f"eager ({h.kernels_used()})")
     fn = h.step_fn(kind, lengths)
     row.wall_us, row.enqueue_us = timed(fn, steps)
-    row.device_us, kernels = profile(fn)
+    row.kernel_sum_us, kernels, busy = profile(fn)
+    row.device_us = busy or row.kernel_sum_us
     categorize(row, kernels)
     return row.finish(bw, floor_bytes)
 
@@ -320,7 +344,7 @@ def _floor(cfg: GdnConfig, case: str) -> float:
 
 
 # ---- the results ----
-COLUMNS = ["stack", "case", "wall_us", "enqueue_us", "device_us", "replay_us", "floor_us", "wall_over_device",
+COLUMNS = ["stack", "case", "wall_us", "enqueue_us", "device_us", "kernel_sum_us", "replay_us", "floor_us", "wall_over_device",
            "device_over_floor", "device_over_kernels", "gemm_us", "gdn_us", "conv_us", "glue_us", "ple_host_us", "path",
            "error"]
 

@@ -18,6 +18,7 @@ from torch import Tensor
 from gdn_trt.model.config import GdnConfig
 from gdn_trt.model.modes import LayerMode, Writes
 from gdn_trt.model.state import BufferSpec, LayerState, StateCapture, StateStash, StepInput, StepOutput
+from gdn_trt.plugins import pdl
 from gdn_trt.plugins.packing import Packing
 
 from .adapters import AdapterSlots
@@ -127,7 +128,13 @@ class Stack:
 
     def run(self, mode: LayerMode, engines: tuple[Engine, ...], inp: Packed, ctx: "StepContext") -> Packed:
         """Run `inp` through the layers of `engines` (one per layer of a contiguous run of the stack) and return the
-        result. A stack engine (several `layer_ids`) stands at each of its layers and runs them in one call."""
+        result. A stack engine (several `layer_ids`) stands at each of its layers and runs them in one call.
+        The layers' kernels use programmatic dependent launch where the GPU has it (`plugins/pdl.py`: the step's
+        packing reaches the device by a copy from the host, never by the kernel just before a GDN op)."""
+        with pdl.scope():
+            return self._run(mode, engines, inp, ctx)
+
+    def _run(self, mode: LayerMode, engines: tuple[Engine, ...], inp: Packed, ctx: "StepContext") -> Packed:
         k = 0
         while k < len(engines):
             eng = engines[k]
@@ -154,7 +161,8 @@ class Stack:
         """One engine's layer (or its mixer alone, `part="mixer"`: `inp.x` = the normed hidden [T, C]) on `inp`:
         its pools, the stash or capture rows the mode writes, its PLE rows and LoRA slots. A host's call: on a
         tensor-parallel rank the output is all-reduced unless the host reduces (`partial`, `runtime/tp.py`)."""
-        out = eng.run(self._call(mode, eng.layer_idx, inp, ctx, part), ctx.stream)
+        with pdl.scope():
+            out = eng.run(self._call(mode, eng.layer_idx, inp, ctx, part), ctx.stream)
         if self.tp is not None and not self.partial:
             out = self.tp.finish(out, self.cfg.is_hc)
         return out

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .. import pdl
 from ..packing import Capture, Packing
 from ..spec import Activation
 from .io import ConvParams
@@ -107,6 +108,7 @@ def conv_update_kernel(
     S_WD: tl.constexpr,  # the weight's row stride (W when contiguous): a constant, so weight rows are aligned
     D: tl.constexpr, W: tl.constexpr, DIL: tl.constexpr, STATE_LEN: tl.constexpr, ACT: tl.constexpr,
     BD: tl.constexpr, BS: tl.constexpr, BW: tl.constexpr, STASH: tl.constexpr, WTILE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     i_d, i_n = tl.program_id(0), tl.program_id(1)
     b_cu = tl.load(cu_seqlens + i_n)
@@ -116,6 +118,7 @@ def conv_update_kernel(
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     y += bos * D
+    pdl.enter(PDL)  # x is the previous kernel's output; cu_seqlens and slots come from the host
     if slot < 0:
         for i in range(0, n_t):
             tl.store(y + i * D + o_d, tl.zeros([BD], dtype=y.dtype.element_ty), mask=m_d)
@@ -275,7 +278,7 @@ def launch_update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor,
         x, conv.weight, y, conv_pool, conv_pool if conv_stash is None else conv_stash, pack.cu_seqlens, pack.slots,
         x.stride(0), S_WD=conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len),
         BW=triton.next_power_of_2(conv.width), STASH=conv_stash is not None, WTILE=tuning.update_wtile,
-        num_warps=tuning.update_warps, **_meta(conv))
+        num_warps=tuning.update_warps, **_meta(conv), **pdl.options(x.device))
     return y
 
 

@@ -25,6 +25,7 @@ import triton
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .. import pdl
 from ..packing import Capture, Packing
 from .io import GdnInputs
 from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_state_kernel
@@ -258,7 +259,7 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages, TMA=pool is not ssm_pool,
         AHEAD=0 if pool is not ssm_pool else ahead, Q_AFTER=tuning.rec_q_after,
         CH=tuning.rec_chunk if not few and not sub and pool is ssm_pool and 0 < tuning.rec_chunk < BV else 0,
-        num_warps=warps,
+        num_warps=warps, **pdl.options(q.device),
         **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),
     )
     return o

@@ -13,6 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .. import pdl
+
 
 @triton.jit
 def softplus(x):
@@ -180,7 +182,7 @@ def gdn_recurrent_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, STASH: tl.constexpr, STREAM: tl.constexpr,
     SUB: tl.constexpr = 0, SUB_STAGES: tl.constexpr = 3, TMA: tl.constexpr = False, AHEAD: tl.constexpr = 0,
-    Q_AFTER: tl.constexpr = False, CH: tl.constexpr = 0,
+    Q_AFTER: tl.constexpr = False, CH: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -197,6 +199,7 @@ def gdn_recurrent_kernel(
 
     if slot < 0:
         # padding sequence: zero output rows, no state touched
+        pdl.enter(PDL)
         for _ in range(bos, eos):
             tl.store(p_o, tl.zeros([BV], dtype=o.dtype.element_ty), mask=m_v)
             p_o += HV * V
@@ -223,6 +226,7 @@ def gdn_recurrent_kernel(
     p_s = stash + (bos * HV + i_hv) * K * V + i_v * BV
     if SUB > 0:
         # the program's BV columns as BV / SUB sub-tiles (registers for one [K, SUB] tile only)
+        pdl.enter(PDL)
         if eos - bos == 1:
             one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, row, p_s, A_log + i_hv, dt_bias + i_hv, scale,
                                i_v, o_k, m_k, K, V, BK, BV, SUB, SUB_STAGES, STASH, TMA, LOAD_HINT, STORE_HINT)
@@ -261,6 +265,9 @@ def gdn_recurrent_kernel(
             b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
             if AHEAD > 0:
                 prefetch_ahead(pool - (slot * HV + i_hv) * K * V - i_v * BV, slots, i_v, i_hv, i_n, HV, K, V, AHEAD)
+        # with PDL the tile is loaded while the previous kernel (the layer's conv) still runs: it wrote neither the
+        # pool nor the packing (plugins/pdl.py); q, k, v, a, b are its output and come after the wait
+        pdl.enter(PDL)
         b_h = token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, A_log + i_hv, dt_bias + i_hv, scale, eos - bos,
                           o_k, m_k, o_c, m_v, o_h, m_h, s_qt, s_kt, s_vt, s_at, s_bt, HV, K, V, STASH, STORE_HINT,
                           Q_AFTER, CH)

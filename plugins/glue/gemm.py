@@ -41,6 +41,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .. import pdl
+
 
 @dataclass(frozen=True)
 class Config:
@@ -157,7 +159,7 @@ def gemm_kernel(
     x, w, y, ws, cnt,  # x [M, K] with row stride s_x; w [N, K] contiguous; y [M, N] contiguous; ws, cnt: _workspace
     M, N, K, s_x, k_slice,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
-    IEEE: tl.constexpr, SPLIT: tl.constexpr,
+    IEEE: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (i_n, i_m, i_s): y[i_m*BM : +BM, i_n*BN : +BN] over K[i_s*k_slice : +k_slice] (k_slice: BK steps)."""
     dt = y.dtype.element_ty
@@ -173,6 +175,9 @@ def gemm_kernel(
     o_k = k_lo + tl.arange(0, BK)
     r_n = (o_n % N).to(tl.int64)  # wrapped weight rows: unmasked loads, the store drops them
     m_m = o_m < M  # masked token rows: at M = 1 of BM = 16, 15 rows read no memory
+    # with PDL, an L2 prefetch of the program's first 256 weight columns before the wait made the decode step slower:
+    # 133.7 / 204.1 us at N = 1 / 8 against 118.7 / 176.0 without it (H200, bench/results/2026-12-03-pdl.md)
+    pdl.enter(PDL)
     if DOT:
         p_w = w + r_n[:, None] * K + o_k[None, :]  # [BN, BK]
         p_x = x + o_m[None, :].to(tl.int64) * s_x + o_k[:, None]  # [BK, BM]
@@ -245,7 +250,7 @@ def launch(x: Tensor, w: Tensor, cfg: Config) -> Tensor:
         ws, cnt = _workspace(x.device, grid[0] * grid[1], split, cfg.bn * bm)
     gemm_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), k_slice, BM=bm, BN=cfg.bn, BK=cfg.bk,
                       EVEN_K=K % cfg.bk == 0, DOT=cfg.dot, IEEE=x.dtype == torch.float32, SPLIT=split > 1,
-                      num_warps=cfg.warps, num_stages=cfg.stages)
+                      num_warps=cfg.warps, num_stages=cfg.stages, **pdl.options(x.device))
     return y
 
 

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .. import pdl
 from . import gemm  # noqa: F401 (op.linear asks gemm.dispatched)
 from .gemm import linear  # noqa: F401 (the Triton entry of naive.linear)
 from .io import PleNorms
@@ -76,10 +77,11 @@ def norm_kernel(
     x, d0, d1, w, inject, h, r, logits,  # x, d0, d1 [T, D]; w [D]; inject [NG, D]; h, r [T, D]; logits [T, NG, NG]
     s_x, s_d0, s_d1, eps,
     D: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, BG: tl.constexpr, BN: tl.constexpr,
-    N_ADD: tl.constexpr, INJECT: tl.constexpr,
+    N_ADD: tl.constexpr, INJECT: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One (row, group of G channels): r = x + (d0 + d1), h = RMSNorm(1 + w) of r, and with INJECT the group's
     share of the NG inject logits, logits[t, g, i] = <h[t, group g], inject[i, group g]> (one 2D reduction)."""
+    pdl.enter(PDL)
     i_t, i_g = tl.program_id(0).to(tl.int64), tl.program_id(1)
     dt = h.dtype.element_ty
     o_g = tl.arange(0, BG)
@@ -110,8 +112,10 @@ def gated_norm_kernel(
     o, z, w, y,  # o, y [T, HV, V] contiguous; z [T, HV, V] with strides (s_zt, s_zh, 1); w [V]
     R, s_zt, s_zh, eps,
     HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, SILU: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """BR (token, value head) rows: y = (w * RMSNorm(o)) * act(z)."""
+    pdl.enter(PDL)
     dt = y.dtype.element_ty
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     m_r = o_r < R
@@ -132,8 +136,9 @@ def gated_norm_kernel(
 
 
 @triton.jit
-def silu_kernel(x, y, s_x, n, COLS: tl.constexpr, BC: tl.constexpr, GATED: tl.constexpr):
+def silu_kernel(x, y, s_x, n, COLS: tl.constexpr, BC: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr = False):
     """GATED: y = silu(x[:, :COLS]) * x[:, COLS:] (SwiGLU); else y = silu(x / n). y [T, COLS]."""
+    pdl.enter(PDL)
     dt = y.dtype.element_ty
     i_t = tl.program_id(0).to(tl.int64)
     o_c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -148,8 +153,10 @@ def silu_kernel(x, y, s_x, n, COLS: tl.constexpr, BC: tl.constexpr, GATED: tl.co
 
 
 @triton.jit
-def hc_mix_kernel(hn, up, x, s_hn, s_up, C: tl.constexpr, NG: tl.constexpr, BC: tl.constexpr):
+def hc_mix_kernel(hn, up, x, s_hn, s_up, C: tl.constexpr, NG: tl.constexpr, BC: tl.constexpr,
+                  PDL: tl.constexpr = False):
     """x[t] = mean_i sigmoid(up[t, i]) * hn[t, i] over the NG streams of C channels."""
+    pdl.enter(PDL)
     dt = x.dtype.element_ty
     i_t = tl.program_id(0).to(tl.int64)
     o_c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -164,9 +171,10 @@ def hc_mix_kernel(hn, up, x, s_hn, s_up, C: tl.constexpr, NG: tl.constexpr, BC: 
 
 @triton.jit
 def hc_inject_kernel(s, logits, y, out, s_s, s_y, C: tl.constexpr, NG: tl.constexpr, BN: tl.constexpr,
-                     BC: tl.constexpr):
+                     BC: tl.constexpr, PDL: tl.constexpr = False):
     """out[t, i] = s[t, i] + inj[t, i] * y[t] on each of the NG streams, inj = 2 sigmoid(sum_g logits[t, g, i] / NG)
     (each program finishes the row's NG x NG partial logits itself: 64 bytes from L2)."""
+    pdl.enter(PDL)
     dt = out.dtype.element_ty
     i_t = tl.program_id(0).to(tl.int64)
     o_c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -190,10 +198,11 @@ def hc_inject_kernel(s, logits, y, out, s_s, s_y, C: tl.constexpr, NG: tl.conste
 def ple_gate_kernel(
     key, value, s, w_key, w_query, w_conv, gv, u,  # key, s, gv, u [T, NG*C]; value [T, C]; w_* [NG*C]
     s_k, s_v, s_s, eps, sqrt_c,
-    C: tl.constexpr, NG: tl.constexpr, BC: tl.constexpr,
+    C: tl.constexpr, NG: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One (token, stream): the gate of stream i from its normed key and query, gv = sigmoid(gate) * value and
     u = RMSNorm_conv(gv)."""
+    pdl.enter(PDL)
     dt = gv.dtype.element_ty
     i_t, i_g = tl.program_id(0).to(tl.int64), tl.program_id(1)
     o_v = tl.arange(0, BC)
@@ -231,7 +240,7 @@ def _norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, inject: Tensor | None, e
             x, d[0], d[1], w, w if inject is None else inject, h, r, h if logits is None else logits,
             x.stride(0), d[0].stride(0), d[1].stride(0), eps, D=D, G=G, NG=groups, BG=BG,
             BN=max(2, triton.next_power_of_2(groups)), N_ADD=len(adds), INJECT=inject is not None,
-            num_warps=_warps(BG))
+            num_warps=_warps(BG), **pdl.options(x.device))
     return h, r, logits
 
 
@@ -258,7 +267,7 @@ def gated_rms_norm(o: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Ten
         BR = max(1, min(TUNING.rows, TUNING.rows * 128 // BV))
         gated_norm_kernel[(triton.cdiv(R, BR),)](
             o, z, w, y, R, z.stride(0), z.stride(1), eps, HV=HV, V=V, BV=BV, BR=BR, SILU=act == "silu",
-            num_warps=TUNING.warps)
+            num_warps=TUNING.warps, **pdl.options(o.device))
     return y
 
 
@@ -268,7 +277,7 @@ def _silu(x: Tensor, cols: int, n: int, gated: bool) -> Tensor:
     if T > 0 and cols > 0:
         BC = min(TUNING.block, triton.next_power_of_2(cols))
         silu_kernel[(T, triton.cdiv(cols, BC))](x, y, x.stride(0), n, COLS=cols, BC=BC, GATED=gated,
-                                               num_warps=TUNING.warps)
+                                               num_warps=TUNING.warps, **pdl.options(x.device))
     return y
 
 
@@ -293,7 +302,8 @@ def hc_mix(hn: Tensor, up: Tensor, n: int) -> Tensor:
     x = _new((T, D // n), hn.dtype, hn.device)
     if T > 0:
         grid, BC = _streams_grid(T, D // n)
-        hc_mix_kernel[grid](hn, up, x, hn.stride(0), up.stride(0), C=D // n, NG=n, BC=BC, num_warps=TUNING.warps)
+        hc_mix_kernel[grid](hn, up, x, hn.stride(0), up.stride(0), C=D // n, NG=n, BC=BC, num_warps=TUNING.warps,
+                            **pdl.options(x.device))
     return x
 
 
@@ -305,7 +315,8 @@ def hc_inject(streams: Tensor, logits: Tensor, y: Tensor) -> Tensor:
     if T > 0:
         grid, BC = _streams_grid(T, C)
         hc_inject_kernel[grid](streams, logits.contiguous(), y, out, streams.stride(0), y.stride(0), C=C, NG=n,
-                               BN=max(2, triton.next_power_of_2(n)), BC=BC, num_warps=TUNING.warps)
+                               BN=max(2, triton.next_power_of_2(n)), BC=BC, num_warps=TUNING.warps,
+                               **pdl.options(out.device))
     return out
 
 
@@ -318,5 +329,5 @@ def ple_gate(key: Tensor, value: Tensor, streams: Tensor, norms: PleNorms) -> tu
         BC = triton.next_power_of_2(C)
         ple_gate_kernel[(T, n)](key, value, streams, norms.key, norms.query, norms.conv, gv, u, key.stride(0),
                                 value.stride(0), streams.stride(0), norms.eps, C ** 0.5, C=C, NG=n, BC=BC,
-                                num_warps=_warps(BC))
+                                num_warps=_warps(BC), **pdl.options(gv.device))
     return gv, u

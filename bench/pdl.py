@@ -1,0 +1,137 @@
+"""Programmatic dependent launch in the decode step, per kernel family, on the H200 (plugins/pdl.py).
+
+    python bench/pdl.py [--n 1,8,64,256] [--out DIR] [--smoke]
+
+Variants, each on a fresh session of bench/runtime.py's `ours` stack (4 Qwen3-Next GDN layers, bf16, CUDA graphs;
+a session's graphs keep the launches they were captured with):
+- `off`: no PDL (GDN_TRT_PDL=0); `on`: every kernel of the step with PDL, as the runtime runs it;
+- `on -X`: PDL on for every family but X (gemm: the skinny GEMM; gdn: the GDN decode; conv: the conv update;
+  glue: the norms), so each family's share of the gain or loss shows.
+Per N: `replay_us`, CUDA events around back-to-back replays of the step's graphs (the device's span of a step:
+with PDL the kernels overlap, so the profiler's sum of kernel times no longer is the step's device time), and
+`wall_us`, back-to-back steps of the batched API with the input and output in place (`bench/runtime.py`'s `static`);
+`launch_us`, the host time of the graphs' launch on an idle GPU (median of 100).
+Writes `<out>/<date>-pdl.{json,md,png}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import time
+from pathlib import Path
+
+import runtime as rb  # bench/runtime.py: the session, stack and timing
+
+from common import RESULTS, device_info, write_results
+
+from gdn_trt.plugins.causal_conv1d import triton as conv_tri
+from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+from gdn_trt.plugins.glue import gemm
+from gdn_trt.plugins.glue import triton as glue_tri
+
+FAMILIES = {"gemm": gemm, "gdn": gdn_tri, "conv": conv_tri, "glue": glue_tri}
+
+
+class _Off:
+    """Stands for plugins.pdl in one module: its launches go without PDL."""
+
+    @staticmethod
+    def options(device):
+        return {}
+
+
+def variants() -> list[tuple[str, dict]]:
+    return [("off", {"env": "0"}), ("on", {}), *((f"on -{f}", {"without": f}) for f in FAMILIES)]
+
+
+def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
+    real = {f: m.pdl for f, m in FAMILIES.items()}
+    os.environ["GDN_TRT_PDL"] = how.get("env", "1")
+    if "without" in how:
+        FAMILIES[how["without"]].pdl = _Off
+    rows = []
+    try:
+        o = rb.Ours(rb.configs(rb.DEV == "cpu")["ours"])
+        for n in ns:
+            fn = o.step_fn("decode", [1] * n, "static")
+            fn()  # captures the bucket's graphs with this variant's launches and gates them
+            wall, _ = rb.timed(fn, steps)
+            graphs = o.sess.graphs.replayable(n) if rb.DEV == "cuda" else None
+            replay = rb.replay_us(graphs) if graphs else float("nan")
+            launch = _launch_us(graphs) if graphs else float("nan")
+            rows.append({"variant": name, "n": n, "replay_us": round(replay, 2), "wall_us": round(wall, 2),
+                         "launch_us": round(launch, 2)})
+            print(f"{name:18s} N={n:4d}  replay {replay:8.1f} us  wall {wall:8.1f} us  launch {launch:6.1f} us",
+                  flush=True)
+        del o
+    finally:
+        for f, m in FAMILIES.items():
+            m.pdl = real[f]
+        os.environ.pop("GDN_TRT_PDL", None)
+        gc.collect()
+        if rb.DEV == "cuda":
+            rb.torch.cuda.empty_cache()
+    return rows
+
+
+def _launch_us(graphs: list, calls: int = 100) -> float:
+    """Host time of the step's graph launches on an idle GPU, median of `calls` (does a graph with programmatic
+    edges cost the host more to launch?)."""
+    ts = []
+    for _ in range(calls):
+        rb.sync()
+        t = time.perf_counter()
+        for g in graphs:
+            g.replay()
+        ts.append(time.perf_counter() - t)
+    rb.sync()
+    return statistics.median(ts) * 1e6
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ns = sorted({r["n"] for r in rows})
+    names = list(dict.fromkeys(r["variant"] for r in rows))
+    off = {r["n"]: r["replay_us"] for r in rows if r["variant"] == "off"}
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    w = 0.8 / len(names)
+    for i, v in enumerate(names):
+        ys = [next((r["replay_us"] / off[n] for r in rows if r["variant"] == v and r["n"] == n), 0) for n in ns]
+        ax.bar([k + i * w for k in range(len(ns))], ys, w, label=v)
+    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(ns))], [f"N = {n}" for n in ns])
+    ax.set_ylabel("step replay time / PDL off")
+    ax.set_ylim(0.8, 1.15)
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.legend(fontsize=7, ncol=4)
+    ax.set_title("decode step, 4 Qwen3-Next GDN layers: programmatic dependent launch per kernel family")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", default="1,8,64,256")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks this script only")
+    args = ap.parse_args()
+    if args.smoke:
+        rb.DEV = "cpu"
+    ns = [int(v) for v in args.n.split(",")]
+    only = set(filter(None, args.only.split(",")))
+    rows = []
+    for name, how in variants():
+        if not only or name in only:
+            rows += measure(name, how, ns, args.steps)
+    meta = device_info() if rb.DEV == "cuda" else {"device": "cpu (smoke: figures meaningless)"}
+    paths = write_results("pdl", rows, meta, ["variant", "n", "replay_us", "wall_us", "launch_us"], plot, args.out)
+    print("wrote", *paths, flush=True)
+
+
+if __name__ == "__main__":
+    main()
