@@ -12,8 +12,9 @@ The sweep picks our launch parameters first (on the largest case of each kernel)
 without it (`--only` leaving out sweep) the rows use the committed defaults (`triton.Tuning`). The variant
 sections (bench/variants.py) time the `Tuning` variants beside the defaults; the run ends with a summary per case
 (default, fastest variant, FLA), also written as `summary` rows. Decode also runs `ours PDL`: the same calls
-launched with programmatic dependent launch, as the runtime's step launches them (plugins/pdl.py). `--only round2 --prefill-T 16384` is the
-round-2 call: every case of the kernel targets beside FLA, the variants and the per-pass breakdown.
+launched with programmatic dependent launch, as the runtime's step launches them (plugins/pdl.py).
+`--only round2 --prefill-T 16384` is the round-2 call: every case of the kernel targets beside FLA, the variants
+and the per-pass breakdown.
 """
 
 from __future__ import annotations

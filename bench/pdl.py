@@ -6,7 +6,9 @@ Variants, each on a fresh session of bench/runtime.py's `ours` stack (4 Qwen3-Ne
 a session's graphs keep the launches they were captured with):
 - `off`: no PDL (GDN_TRT_PDL=0); `on`: every kernel of the step with PDL, as the runtime runs it;
 - `on -X`: PDL on for every family but X (gemm: the skinny GEMM; gdn: the GDN decode; conv: the conv update;
-  glue: the norms), so each family's share of the gain or loss shows.
+  glue: the norms), so each family's share of the gain or loss shows;
+- `off +gemm64`, `on +gemm64` (`--only`, not in the default set): the skinny GEMM also at M = 64, where cuBLAS,
+  which takes no PDL, wins a call timed alone (`gemm.TABLE`): does our GEMM win there inside a PDL step?
 Per N: `replay_us`, CUDA events around back-to-back replays of the step's graphs (the device's span of a step:
 with PDL the kernels overlap, so the profiler's sum of kernel times no longer is the step's device time), and
 `wall_us`, back-to-back steps of the batched API with the input and output in place (`bench/runtime.py`'s `static`);
@@ -44,12 +46,19 @@ class _Off:
 
 
 def variants() -> list[tuple[str, dict]]:
-    return [("off", {"env": "0"}), ("on", {}), *((f"on -{f}", {"without": f}) for f in FAMILIES)]
+    return [("off", {"env": "0"}), ("on", {}), *((f"on -{f}", {"without": f}) for f in FAMILIES),
+            ("off +gemm64", {"env": "0", "m64": True}), ("on +gemm64", {"m64": True})]
+
+
+OPTIONAL = {"off +gemm64", "on +gemm64"}
 
 
 def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
     real = {f: m.pdl for f, m in FAMILIES.items()}
     os.environ["GDN_TRT_PDL"] = how.get("env", "1")
+    dispatched = gemm.dispatched
+    if how.get("m64"):
+        gemm.dispatched = lambda m, n: 1 <= m <= 64
     if "without" in how:
         FAMILIES[how["without"]].pdl = _Off
     rows = []
@@ -70,6 +79,7 @@ def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
     finally:
         for f, m in FAMILIES.items():
             m.pdl = real[f]
+        gemm.dispatched = dispatched
         os.environ.pop("GDN_TRT_PDL", None)
         gc.collect()
         if rb.DEV == "cuda":
@@ -96,14 +106,15 @@ def plot(rows: list[dict], path: Path) -> None:
 
     ns = sorted({r["n"] for r in rows})
     names = list(dict.fromkeys(r["variant"] for r in rows))
-    off = {r["n"]: r["replay_us"] for r in rows if r["variant"] == "off"}
+    base = "off" if "off" in names else names[0]
+    off = {r["n"]: r["replay_us"] for r in rows if r["variant"] == base}
     fig, ax = plt.subplots(figsize=(9, 4.5))
     w = 0.8 / len(names)
     for i, v in enumerate(names):
         ys = [next((r["replay_us"] / off[n] for r in rows if r["variant"] == v and r["n"] == n), 0) for n in ns]
         ax.bar([k + i * w for k in range(len(ns))], ys, w, label=v)
     ax.set_xticks([k + 0.4 - w / 2 for k in range(len(ns))], [f"N = {n}" for n in ns])
-    ax.set_ylabel("step replay time / PDL off")
+    ax.set_ylabel(f"step replay time / {base}")
     ax.set_ylim(0.8, 1.15)
     ax.axhline(1.0, color="k", lw=0.6)
     ax.legend(fontsize=7, ncol=4)
@@ -126,7 +137,7 @@ def main() -> None:
     only = set(filter(None, args.only.split(",")))
     rows = []
     for name, how in variants():
-        if not only or name in only:
+        if name in only or (not only and name not in OPTIONAL):
             rows += measure(name, how, ns, args.steps)
     meta = device_info() if rb.DEV == "cuda" else {"device": "cpu (smoke: figures meaningless)"}
     paths = write_results("pdl", rows, meta, ["variant", "n", "replay_us", "wall_us", "launch_us"], plot, args.out)

@@ -14,11 +14,12 @@ runs ahead of the one that is working (a trigger placed before the wait would le
 SM slots while they all wait); every store comes after the wait (a kernel that overlaps the previous one must not
 overwrite a buffer that one may still read). Before the wait a kernel may only read what the kernel launched just
 before it does not write: every kernel before that one has completed by then (that kernel triggers only after its
-own wait; one launched without PDL starts only after its predecessor completed). One kernel reads before the wait:
-the GDN decode loads its state tile, at the slot its packing names. The previous kernel in a layer is the conv,
-which writes neither the SSM pool nor the packing; a caller that writes a packing by a kernel right before the GDN op
-could not give that guarantee, so PDL is on only inside `scope()`, which the runtime's stack opens around its layer
-calls (its packing comes from the host by a copy, `runtime/pack.py`).
+own wait; one launched without PDL starts only after its predecessor completed). Two kernels read before the wait:
+the conv update reads its packing (cu_seqlens, slots), and the GDN decode its packing and its state tile at the slot
+the packing names. The kernel before the conv in a layer is a projection (GEMM, LoRA), the one before the GDN decode
+the conv: none writes the packing or the SSM pool. A caller that writes a packing by a kernel right before one of
+these ops could not give that guarantee, so PDL is on only inside `scope()`, which the runtime's stack opens around
+its layer calls (its packing comes from the host by a copy, `runtime/pack.py`).
 
 Measured (H200, bench/results/2026-12-03-pdl.md, the step's graph replay of 4 Qwen3-Next layers): 138.7 -> 118.7 us
 at N = 1 and 183.3 -> 176.0 at N = 8; at N = 64 and 256 the step is the GDN kernel and cuBLAS (no PDL), unchanged.
@@ -67,7 +68,9 @@ def scope():
 
 def enabled(device: torch.device) -> bool:
     """Whether kernels launched on `device` now use PDL."""
-    if not getattr(_LOCAL, "on", False) or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("GDN_TRT_PDL") == "0":
+    if not getattr(_LOCAL, "on", False) or device.type != "cuda":
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("GDN_TRT_PDL") == "0":
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 

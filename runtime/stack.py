@@ -130,7 +130,7 @@ class Stack:
         """Run `inp` through the layers of `engines` (one per layer of a contiguous run of the stack) and return the
         result. A stack engine (several `layer_ids`) stands at each of its layers and runs them in one call.
         The layers' kernels use programmatic dependent launch where the GPU has it (`plugins/pdl.py`: the step's
-        packing reaches the device by a copy from the host, never by the kernel just before a GDN op)."""
+        packing reaches the device by a copy from the host, never by the kernel just before a conv or GDN op)."""
         with pdl.scope():
             return self._run(mode, engines, inp, ctx)
 

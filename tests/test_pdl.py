@@ -76,3 +76,21 @@ def test_pdl_decode_steps_equal_plain_launches_bit_for_bit(case):
             assert torch.equal(a, b), f"step {t} output differs with PDL (graph={graph})"
         for name, a, b in zip(("conv", "ssm", "ple_conv"), want_state.tensors(), got_state.tensors()):
             assert torch.equal(a, b), f"{name} pool differs with PDL after {STEPS} steps (graph={graph})"
+
+
+def test_pdl_is_off_outside_its_scope_and_on_cpus(monkeypatch):
+    """CPU-side rules of `pdl.options`: nothing outside `scope()`, nothing for a CPU tensor inside it, and the scope
+    restores the thread's state on exit, also when the body raises."""
+    cpu = torch.device("cpu")
+    assert pdl.options(cpu) == {}
+    with pytest.raises(RuntimeError):
+        with pdl.scope():
+            assert pdl.options(cpu) == {}
+            with pdl.scope():
+                pass
+            assert pdl._LOCAL.on  # an inner scope leaves the outer one on
+            raise RuntimeError("body fails")
+    assert not pdl._LOCAL.on
+    monkeypatch.setenv("GDN_TRT_PDL", "0")
+    with pdl.scope():
+        assert not pdl.enabled(torch.device("cuda", 0))  # the A/B switch wins before any CUDA query

@@ -118,7 +118,7 @@ def conv_update_kernel(
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     y += bos * D
-    pdl.enter(PDL)  # x is the previous kernel's output; cu_seqlens and slots come from the host
+    pdl.enter(PDL)  # x is the previous kernel's output; the packing is not (plugins/pdl.py)
     if slot < 0:
         for i in range(0, n_t):
             tl.store(y + i * D + o_d, tl.zeros([BD], dtype=y.dtype.element_ty), mask=m_d)
