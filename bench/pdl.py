@@ -12,7 +12,7 @@ a session's graphs keep the launches they were captured with):
 Per N: `replay_us`, CUDA events around back-to-back replays of the step's graphs (the device's span of a step:
 with PDL the kernels overlap, so the profiler's sum of kernel times no longer is the step's device time), and
 `wall_us`, back-to-back steps of the batched API with the input and output in place (`bench/runtime.py`'s `static`);
-`launch_us`, the host time of the graphs' launch on an idle GPU (median of 100).
+`launch_us`, the host time of the graphs' launch on an idle GPU (`host_profile.bare`, median of 100).
 Writes `<out>/<date>-pdl.{json,md,png}`.
 """
 
@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
-import time
 from pathlib import Path
 
 import runtime as rb  # bench/runtime.py: the session, stack and timing
+from host_profile import bare
 
 from common import RESULTS, device_info, write_results
 
@@ -70,7 +69,7 @@ def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
             wall, _ = rb.timed(fn, steps)
             graphs = o.sess.graphs.replayable(n) if rb.DEV == "cuda" else None
             replay = rb.replay_us(graphs) if graphs else float("nan")
-            launch = _launch_us(graphs) if graphs else float("nan")
+            launch = bare(o, n, 100).get("replay", float("nan")) if graphs else float("nan")
             rows.append({"variant": name, "n": n, "replay_us": round(replay, 2), "wall_us": round(wall, 2),
                          "launch_us": round(launch, 2)})
             print(f"{name:18s} N={n:4d}  replay {replay:8.1f} us  wall {wall:8.1f} us  launch {launch:6.1f} us",
@@ -85,20 +84,6 @@ def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
         if rb.DEV == "cuda":
             rb.torch.cuda.empty_cache()
     return rows
-
-
-def _launch_us(graphs: list, calls: int = 100) -> float:
-    """Host time of the step's graph launches on an idle GPU, median of `calls` (does a graph with programmatic
-    edges cost the host more to launch?)."""
-    ts = []
-    for _ in range(calls):
-        rb.sync()
-        t = time.perf_counter()
-        for g in graphs:
-            g.replay()
-        ts.append(time.perf_counter() - t)
-    rb.sync()
-    return statistics.median(ts) * 1e6
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -22,9 +22,10 @@ of a step's call started on an idle GPU (the host's own cost: open, layer calls 
 the time per step the device has a kernel of the step running, from torch.profiler (the union of the kernels'
 intervals: with programmatic dependent launch, `plugins/pdl.py`, a kernel starts inside the one before it, so the
 sum of their times, `kernel_sum_us`, counts the overlap twice), and the kernels' time per category (`gemm`, `gdn`,
-`conv`, `glue` by `bench/glue.category`; these overlap likewise); for graph steps also `replay_us` (CUDA events around back-to-back replays of the step's
-graphs); `floor_us`: the layer weights plus every sequence's fp32 state read and written once (verify: read once,
-the stash written per token; prefill: read and written once) at the copy rate measured in the same run; the ratios
+`conv`, `glue` by `bench/glue.category`; these overlap likewise); for graph steps also `replay_us` (CUDA events
+around back-to-back replays of the step's graphs); `floor_us`: the layer weights plus every sequence's fp32 state
+read and written once (verify: read once, the stash written per token; prefill: read and written once) at the copy
+rate measured in the same run; the ratios
 `wall/device`, `device/floor` and `device/kernels` (kernels = GEMM + GDN + conv); for `ple`, `ple_host_us`: the
 PLE part of a step's open (hash, cache lookup, staging, upload) timed alone. The notes check the issues' targets
 and name, for each miss, the term that dominates it.
@@ -113,8 +114,8 @@ def sync() -> None:
 
 
 def profile(fn, reps: int = 5) -> tuple[float, dict[str, float], float]:
-    """(kernel time per call, per kernel, device busy time per call) in us, from torch.profiler over `reps` calls.
-    Busy: the union of the kernels' intervals on the device. With programmatic dependent launch (plugins/pdl.py) a
+    """(kernel time per call, per kernel, device time per call) in us, from torch.profiler over `reps` calls.
+    Device time: the union of the kernels' intervals on the device (their sum where the events carry no times). With programmatic dependent launch (plugins/pdl.py) a
     kernel starts while the one before it runs and waits inside, so kernel times overlap and their sum counts the
     overlap twice; the union counts the time the device has a step's kernel running once."""
     from torch.profiler import ProfilerActivity, profile as prof_
@@ -131,7 +132,8 @@ def profile(fn, reps: int = 5) -> tuple[float, dict[str, float], float]:
             else ev.self_cpu_time_total
         if t > 0 and ev.key and not ev.key.startswith(("cudaLaunch", "cudaStream", "ProfilerStep", "cudaGraph")):
             per[ev.key] = per.get(ev.key, 0.0) + t / reps
-    return sum(per.values()), per, _busy_us(prof) / reps
+    total = sum(per.values())
+    return total, per, _busy_us(prof) / reps or total
 
 
 def _busy_us(prof) -> float:
@@ -265,8 +267,7 @@ def measure_ours(o: Ours, stack: str, case: str, steps: int, bw: float, api: str
     before = {k: dict(v.paths) for k, v in stats.items()}
     row.wall_us, row.enqueue_us = timed(fn, steps)
     row.path = ",".join(sorted({p for k, v in stats.items() for p, c in v.paths.items() if c > before[k].get(p, 0)}))
-    row.kernel_sum_us, kernels, busy = profile(fn)
-    row.device_us = busy or row.kernel_sum_us
+    row.kernel_sum_us, kernels, row.device_us = profile(fn)
     categorize(row, kernels)
     if kind == "decode" and DEV == "cuda":
         graphs = o.sess.graphs.replayable(len(lengths))
@@ -328,8 +329,7 @@ def measure_hf(h: Hf, case: str, steps: int, bw: float, floor_bytes: float | Non
     row = Row("hf", case, path=f"eager ({h.kernels_used()})")
     fn = h.step_fn(kind, lengths)
     row.wall_us, row.enqueue_us = timed(fn, steps)
-    row.kernel_sum_us, kernels, busy = profile(fn)
-    row.device_us = busy or row.kernel_sum_us
+    row.kernel_sum_us, kernels, row.device_us = profile(fn)
     categorize(row, kernels)
     return row.finish(bw, floor_bytes)
 
@@ -344,9 +344,9 @@ def _floor(cfg: GdnConfig, case: str) -> float:
 
 
 # ---- the results ----
-COLUMNS = ["stack", "case", "wall_us", "enqueue_us", "device_us", "kernel_sum_us", "replay_us", "floor_us", "wall_over_device",
-           "device_over_floor", "device_over_kernels", "gemm_us", "gdn_us", "conv_us", "glue_us", "ple_host_us", "path",
-           "error"]
+COLUMNS = ["stack", "case", "wall_us", "enqueue_us", "device_us", "kernel_sum_us", "replay_us", "floor_us",
+           "wall_over_device", "device_over_floor", "device_over_kernels", "gemm_us", "gdn_us", "conv_us", "glue_us",
+           "ple_host_us", "path", "error"]
 
 
 def _get(rows: list[dict], stack: str, case: str) -> dict | None:

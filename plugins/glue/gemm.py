@@ -176,7 +176,7 @@ def gemm_kernel(
     r_n = (o_n % N).to(tl.int64)  # wrapped weight rows: unmasked loads, the store drops them
     m_m = o_m < M  # masked token rows: at M = 1 of BM = 16, 15 rows read no memory
     # with PDL, an L2 prefetch of the program's first 256 weight columns before the wait made the decode step slower:
-    # 133.7 / 204.1 us at N = 1 / 8 against 118.7 / 176.0 without it (H200, bench/results/2026-12-03-pdl.md)
+    # 133.7 / 204.1 us at N = 1 / 8 against 118.7 / 176.0 without it (H200, bench/results/2026-12-03-pdl-prefetch.md)
     pdl.enter(PDL)
     if DOT:
         p_w = w + r_n[:, None] * K + o_k[None, :]  # [BN, BK]
