@@ -325,10 +325,10 @@ COLUMNS = ["section", "case", "impl", "kernel", "time_us", "ours_over_fla", "sta
            "tflops", "mtok_s", "rel_rms_o", "rel_rms_state", "timing"]
 
 
-SECTIONS = ("floor", "sweep", "decode", "decode-var", "verify", "prefill", "prefill-var", "solve-probe", "breakdown",
-            "conv", "conv-var", "accuracy")
+SECTIONS = ("floor", "sweep", "decode", "decode-var", "verify", "prefill", "prefill-var", "prefill-pipe", "solve-probe",
+            "breakdown", "conv", "conv-var", "accuracy")
 # the final call of round 2: every case of the kernel targets beside FLA, the variants, the per-pass breakdown
-ROUND2 = "floor,decode,decode-var,prefill,prefill-var,solve-probe,breakdown,conv,conv-var"
+ROUND2 = "floor,decode,decode-var,prefill,prefill-var,prefill-pipe,solve-probe,breakdown,conv,conv-var"
 
 
 def main() -> None:
@@ -370,6 +370,8 @@ def main() -> None:
             b.chunked([1024] * 16)
         if "prefill-var" in only:
             variants.prefill_variants(b)
+        if "prefill-pipe" in only:
+            variants.pipe_variants(b, [int(t) for t in args.prefill_T.split(",")])
         if "solve-probe" in only:
             variants.solve_probe(b)
         if "conv" in only:

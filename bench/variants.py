@@ -203,10 +203,31 @@ PREFILL_VARIANTS = [
 ]
 
 
+# the state pass as a pipeline of windows (Tuning.state_pipe: the single-sequence tiling, state_pipe_many: the
+# many-sequence one), timed at every single-sequence length of the prefill section and at 16 x 1024
+PIPE_VARIANTS = [
+    ("one launch of each pass", dict(state_pipe=1)),
+    ("state_pipe=2", dict(state_pipe=2, state_pipe_chunks=8)),
+    ("state_pipe=4", dict(state_pipe=4, state_pipe_chunks=8)),
+    ("state_pipe=8", dict(state_pipe=8, state_pipe_chunks=8)),
+    ("state_pipe=4, windows of 128 chunks at least", dict(state_pipe=4, state_pipe_chunks=128)),
+    ("state_pipe=4, side stream of the same priority", dict(state_pipe=4, state_pipe_chunks=8, state_pipe_high=False)),
+]
+PIPE_MANY_VARIANTS = [("state_pipe_many=2", dict(state_pipe_many=2)), ("state_pipe_many=4", dict(state_pipe_many=4))]
+
+
 def prefill_variants(b) -> None:
     for lengths in ([16384], [1024] * 16):
         for name, change in PREFILL_VARIANTS:
             b.chunked(lengths, replace(b.gdn, **change), name, fla=False)["section"] = "prefill-var"
+
+
+def pipe_variants(b, single: list[int]) -> None:
+    """The pipeline variants at each single-sequence length (with the default beside them where the
+    prefill-var section does not time it) and the many-sequence pipeline at 16 x 1024."""
+    runs = [([T], name, change) for T in single for name, change in [("Tuning", {})] * (T != 16384) + PIPE_VARIANTS]
+    for lengths, name, change in runs + [([1024] * 16, name, change) for name, change in PIPE_MANY_VARIANTS]:
+        b.chunked(lengths, replace(b.gdn, **change), name, fla=False)["section"] = "prefill-var"
 
 
 def warm_prefill(fla: bool) -> None:

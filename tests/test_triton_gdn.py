@@ -108,6 +108,27 @@ def check_chunked(step: Step, heads: Heads, dtype: torch.dtype, device: str) -> 
     assert_close("o", o_ref, o.cpu(), bound)
 
 
+def check_pipeline(step: Step, heads: Heads, dtype: torch.dtype, device: str, pipe: int, **change) -> None:
+    """The state pass in windows (`Tuning.state_pipe` / `state_pipe_many`, a window per chunk and up) against one
+    launch of each pass, on the same inputs: outputs, pool and capture rows bit for bit (the windows hand the fp32
+    state on through the pool, so the chain of products is the same). `check_chunked` checks the one launch
+    against float64."""
+    x, pack, pool = make_inputs(step, heads, dtype, device)
+    N, T = len(step.lengths), sum(step.lengths)
+    tri = _tri()
+    at = torch.tensor(step.capture_at, dtype=torch.int32, device=device)
+    got = []
+    for p in (1, pipe):
+        tuning = replace(tri.TUNING, state_pipe=p, state_pipe_many=p, state_pipe_chunks=1, **change)
+        got_pool, got_cap = pool.clone(), torch.full((N, *x.state_shape), float("nan"), device=device)
+        with poisoned(tri):
+            o = tri.launch_chunked(x, pack, got_pool, Capture(at, got_cap), tuning)
+        got.append((o, got_pool, got_cap))
+    assert len(tri._windows(pipe, 1, T, T)) == min(pipe, -(-T // 64)) > 1, "the step has no second window"
+    for name, one, windows in zip(("o", "ssm_pool", "ssm_capture"), *got):
+        torch.testing.assert_close(windows, one, rtol=0, atol=0, equal_nan=True, msg=f"{name}: windows != one launch")
+
+
 # ---- GPU: real and odd shapes, bf16 and fp32 ----
 
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float32, id="fp32")]
@@ -220,7 +241,9 @@ CHUNK_VARIANTS = {"rq-after": dict(rq_first=False), "wu-loop": dict(wu_stages=2)
                   "kb-many-off": dict(state_kb_many=False), "wy": WY,
                   "wy-many-one-block": dict(state_wy_many=True, state_kb_many=False),
                   "wy-s2": dict(WY, state_stages=2), "wy-w8": dict(WY, state_warps=8),
-                  "wy-bv16": dict(WY, state_bv=16), "wy-kb": dict(WY, state_kb=True)}
+                  "wy-bv16": dict(WY, state_bv=16), "wy-kb": dict(WY, state_kb=True),
+                  "pipe-4": dict(state_pipe=4, state_pipe_many=4, state_pipe_chunks=2)}
+ORDER_ONLY = {"pipe-4"}  # variants that change the order and streams of the launches, no compiled kernel
 
 
 @pytest.mark.gpu
@@ -232,6 +255,20 @@ def test_chunked_variants(variant, dtype, monkeypatch):
     check_chunked(VARLEN_STEP, QWEN35_27B, dtype, "cuda")  # the many-sequence state tiling, G = 3
     check_chunked(Step((1000,), (3,), (500,)), QWEN3_NEXT, dtype, "cuda")  # one sequence: its state tiling
     check_chunked(Step((65, 130), (0, 2), (64, -1)), ODD[2], dtype, "cuda")  # K = 32, V = 48
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pipe", [2, 4, 8])
+def test_chunked_pipeline(pipe, dtype):
+    """The pipelined state pass on the GPU (side stream, events) == one launch of each pass, bit for bit: one
+    sequence with a capture cut inside (its tiling), the varlen step (the many-sequence tiling), and K = 32, V = 48
+    in the state pass's K-halves and WY forms."""
+    check_pipeline(Step((1000,), (3,), (500,)), QWEN3_NEXT, dtype, "cuda", pipe)
+    check_pipeline(VARLEN_STEP, QWEN35_27B, dtype, "cuda", pipe)
+    check_pipeline(Step((65, 130, 0, 70), (0, 2, 1, -1), (64, -1, 0, 3)), ODD[2], dtype, "cuda", pipe,
+                   state_kb=True, state_wy_many=False)
+    check_pipeline(Step((300, 5), (0, 2), (128, 5)), ODD[2], dtype, "cuda", pipe, state_wy=True)
 
 
 @pytest.mark.gpu
@@ -285,7 +322,7 @@ def _steps_same_shape() -> list[Step]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["recurrent", "recurrent_stash", "chunked", "recurrent:tma-bv64-w2",
+@pytest.mark.parametrize("op", ["recurrent", "recurrent_stash", "chunked", "chunked:pipe-4", "recurrent:tma-bv64-w2",
                                 "recurrent:tma-bv128-w4-sub16", "recurrent_stash:tma-bv64-w2", "recurrent:ahead-3",
                                 "recurrent:persist-3-bv64-w2-s3", "recurrent:persist-3-kh-s3",
                                 "recurrent:persist-3-bv64-w2-s3-pairs"])
@@ -293,7 +330,11 @@ def test_cuda_graph(op, monkeypatch):
     from gdn_trt.plugins.gated_delta_rule import op as gdn_op
 
     op, _, variant = op.partition(":")
-    if variant:  # a decode variant in the many-sequence tiling: its descriptor or prefetch captured in the graph
+    if variant in CHUNK_VARIANTS:  # the pipelined state pass: its side stream forked from and joined to the capture
+        tri = _tri()
+        change = {**CHUNK_VARIANTS[variant], "state_pipe_chunks": 1}  # windows of a chunk: the steps are short
+        monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, **change))
+    elif variant:  # a decode variant in the many-sequence tiling: its descriptor or prefetch captured in the graph
         tri = _tri()
         monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, rec_few_below=0, **REC_VARIANTS[variant]))
         if "pairs" in variant:

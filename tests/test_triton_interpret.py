@@ -212,6 +212,24 @@ else:
         assert gdn_tri._state_tiling(gdn_tri.TUNING, 96, 2, torch.device("cpu")).bv == 64
         check_chunked(Step((70, 3, 65), (1, 0, 2), (-1, 2, 64)), Heads(1, 2, 16, 96), F32, "cpu")
 
+    def test_gdn_chunked_pipeline(monkeypatch):
+        # the state pass in windows (Tuning.state_pipe): one launch's results bit for bit, the windows splitting a
+        # sequence inside, at its capture cut and between sequences, in the single- and many-sequence tilings (K
+        # halves and WY forms); empty and padding sequences, captures at 0, inside, at a boundary and at the end
+        from .test_triton_gdn import check_pipeline
+
+        check_pipeline(Step((200,), (3,), (70,)), Heads(1, 2, 16, 24), F32, "cpu", 4)
+        check_pipeline(Step((70, 0, 65, 5, 130), (1, 0, 2, -1, 4), (-1, 0, 64, 2, 128)), Heads(1, 3, 16, 24), F32,
+                       "cpu", 8, state_kb=True)
+        check_pipeline(Step((70, 0, 65, 5, 130), (1, 0, 2, -1, 4), (-1, 0, 64, 2, 128)), Heads(1, 2, 96, 16), F32,
+                       "cpu", 3, state_wy=True, state_wy_many=True)
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+
+        monkeypatch.setattr(gdn_tri, "_sm_count", lambda dev: 1)  # the many-sequence tiling
+        for wy in (False, True):
+            check_pipeline(Step((70, 0, 65, 5, 130), (1, 0, 2, -1, 4), (-1, 0, 64, 2, 128)), Heads(1, 2, 16, 96),
+                           F32, "cpu", 4, state_wy_many=wy)
+
     def test_gdn_chunked_k_slices():
         # K = 48: the solve pass accumulates k k^T over two 32-wide K slices, the second one half masked
         check_chunked(Step((80, 5), (1, 0), (64, -1)), Heads(1, 2, 48, 24), F32, "cpu")

@@ -3,7 +3,8 @@
 `recurrent` / `recurrent_stash` run `triton_recurrent.gdn_recurrent_kernel` (one launch); `chunked` runs the passes
 of `triton_intra` (solve, w/u) and `triton_chunked` (state, output). All of them are CUDA-graph safe: they read no
 tensor data on the host (only shape and dtype checks), allocate only buffers sized from shapes, and launch on the
-current stream. q, k, v, a, b may be strided views (column slices of one projection): the kernels take their row and
+current stream (a long prefill's state pass in windows on a side stream that forks from it and joins it again:
+`_pipeline`). q, k, v, a, b may be strided views (column slices of one projection): the kernels take their row and
 head strides; only a last dimension that is not contiguous is copied first (`_unit_stride`, never the case for
 projection slices).
 
@@ -155,6 +156,25 @@ class Tuning:
     # 1268.2, K halves 1192.5), so off there.
     state_wy: bool = False
     state_wy_many: bool = True
+    # The state pass as a pipeline of windows of chunks (`_windows`, `_pipeline`). One long sequence's state pass
+    # is a chain of 1.37 us per chunk on 128 programs, one per SM (352 of the 971 us at T = 16384, H200,
+    # 2026-12-03-kernels-round2.md), while the chunk-parallel passes wait for it or it for them. In windows, the
+    # solve and w/u of window i + 1 run beside the state pass of window i (on a second stream, of higher priority
+    # with `state_pipe_high`), and the output pass of window i beside the state pass of window i + 1.
+    # `state_pipe`: windows at most for the single-sequence tiling, `state_pipe_many` for the many-sequence one (1:
+    # one launch of each pass, in turn); a window spans `state_pipe_chunks` chunks at least.
+    # Timed (H200, 2026-12-04-prefill-pipe.md, -prefill-out.md): at T = 4096 / 16384 / 65536, one launch each
+    # 247.1 / 959.2 / 3898.1 us; 2 windows 274.5 / 916.8 / 3616.3; 4 windows 380.3 / 956.6 / 3568.3; 8 windows
+    # 637.4 / 1033.1 / 3662.6; with windows of 128 chunks at least (so 1 / 2 / 4 windows) 247.2 / 917.0 / 3567.4,
+    # the default. The state pass's programs share their SMs with the other passes' programs while they overlap,
+    # and their chain slows (small windows lose); the stream priority changed nothing (379.1 against 380.3 us at
+    # 4096). Many sequences: 16 x 1024 771.6 / 796.8 us in 2 / 4 windows against 756.2 in one (their state pass
+    # has programs to spare already). Also timed and taken out: the output pass's products done by the state
+    # pass's programs (h and v_new never stored), 1338.7 against 959.2 us at T = 16384: the chain took them on.
+    state_pipe: int = 4
+    state_pipe_many: int = 1
+    state_pipe_chunks: int = 128
+    state_pipe_high: bool = True
     out_bv: int = 128
     out_warps: int = 4
     # 1 / |q| per row computed in pass 1 (from q loads beside its k loads, off the solve's dependent chain) and
@@ -315,6 +335,7 @@ class StateTiling(NamedTuple):
     stages: int
     kb: bool  # the state as two 64-row halves (Tuning.state_kb)
     wy: bool  # v_new from T, v and b, no w/u pass (Tuning.state_wy)
+    pipe: int = 1  # windows of the pipeline at most (Tuning.state_pipe)
 
 
 def _state_tiling(tuning: Tuning, V: int, sequence_heads: int, dev: torch.device) -> StateTiling:
@@ -323,8 +344,51 @@ def _state_tiling(tuning: Tuning, V: int, sequence_heads: int, dev: torch.device
     bv = _v_tile(tuning.state_bv, V)
     if triton.cdiv(V, bv) * sequence_heads > _sm_count(dev):
         return StateTiling(_v_tile(tuning.state_bv_many, V), tuning.state_stages_many, tuning.state_kb_many,
-                           tuning.state_wy_many)
-    return StateTiling(bv, tuning.state_stages, tuning.state_kb, tuning.state_wy)
+                           tuning.state_wy_many, tuning.state_pipe_many)
+    return StateTiling(bv, tuning.state_stages, tuning.state_kb, tuning.state_wy, tuning.state_pipe)
+
+
+def _windows(pipe: int, min_chunks: int, T: int, n_chunks: int) -> list[tuple[int, int]]:
+    """The pipeline's windows of global chunk indices [lo, hi), from shapes only: `pipe` at most, `min_chunks`
+    chunks at least, sized by the T / BT chunks of the packed tokens; the last one runs to the bound `n_chunks`
+    (chunks of several sequences and capture cuts may number up to T / BT + 2 N)."""
+    count = max(1, min(pipe, triton.cdiv(T, BT) // max(1, min_chunks)))
+    size = triton.cdiv(triton.cdiv(T, BT), count)
+    bounds = [i * size for i in range(count)] + [n_chunks]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+@functools.cache
+def _side_stream(dev: torch.device, high: bool) -> torch.cuda.Stream:
+    # one per device and priority, created once (a stream created per call would cost a driver call per prefill)
+    return torch.cuda.Stream(dev, priority=-1 if high else 0)
+
+
+def _pipeline(windows: list[tuple[int, int]], first, state, out, dev: torch.device, high: bool) -> None:
+    """Run the passes over the windows: `first(lo, hi)` (solve, w/u) and `out(lo, hi)` on the current stream,
+    `state(lo, hi)` after its window's first pass and the previous window's state pass, on a side stream where
+    there are several windows on a GPU. Every buffer was allocated on the current stream before, and the current
+    stream waits for the last state pass before its first output pass, so nothing the side stream uses is freed or
+    reused early; in a CUDA-graph capture the side stream forks from and joins the captured one."""
+    if len(windows) == 1 or dev.type != "cuda":
+        for lo, hi in windows:
+            first(lo, hi)
+            state(lo, hi)
+        for lo, hi in windows:
+            out(lo, hi)
+        return
+    main, side = torch.cuda.current_stream(dev), _side_stream(dev, high)
+    done = []
+    for lo, hi in windows:
+        first(lo, hi)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            state(lo, hi)
+        done.append(torch.cuda.Event())
+        done[-1].record(side)
+    for (lo, hi), ev in zip(windows, done):
+        main.wait_event(ev)
+        out(lo, hi)
 
 
 def chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Capture) -> Tensor:
@@ -364,26 +428,37 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
     h = _new((n_chunks, HV, K, V), dt, dev)
     meta = dict(H=H, HV=HV, K=K, BN=BN, BT=BT, PREC=prec)
     seq = (pack.cu_seqlens, pack.slots, capture.at, N)
-    if T > 0:
-        gdn_chunk_intra_kernel[(n_chunks, H if tuning.solve_share else HV)](
+
+    def first(lo: int, hi: int) -> None:
+        if T == 0:
+            return
+        gdn_chunk_intra_kernel[(hi - lo, H if tuning.solve_share else HV)](
             q, k, v, a, b, x.A_log, x.dt_bias, rk, rq, gam, w, u, t_inv, *seq, *q.stride()[:2], *k.stride()[:2],
             *v.stride()[:2], *a.stride(), *b.stride(), V=V, BKS=min(tuning.solve_bk, BK),
             BD=_v_tile(tuning.fuse_bd, max(K, V)), BC=BC, SOLVE_PREC=solve_prec, SHARE=tuning.solve_share,
-            FUSE=fuse, RQ=tuning.rq_first, num_warps=tuning.solve_warps, **meta)
+            FUSE=fuse, RQ=tuning.rq_first, c0=lo, num_warps=tuning.solve_warps, **meta)
         if not fuse and not st.wy:
             loop = tuning.wu_stages > 0
-            gdn_chunk_wu_kernel[(n_chunks, HV)](
+            gdn_chunk_wu_kernel[(hi - lo, HV)](
                 k, v, b, t_inv, gam, rk, w, u, *seq, *k.stride()[:2], *v.stride()[:2], *b.stride(), V=V,
-                BK=_v_tile(64, K) if loop else BK, BV=_v_tile(64, V), LOOP=loop, num_warps=tuning.wu_warps,
+                BK=_v_tile(64, K) if loop else BK, BV=_v_tile(64, V), LOOP=loop, c0=lo, num_warps=tuning.wu_warps,
                 num_stages=max(tuning.wu_stages, 1), **meta)
-    meta.update(V=V, BK=BK)
-    gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
-        k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], BV=st.bv, KB=st.kb and K <= 128,
-        t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0), s_bh=b.stride(1), WY=st.wy,
-        num_warps=tuning.state_warps, num_stages=st.stages, **meta)
-    if T > 0:
+
+    def state(lo: int, hi: int) -> None:
+        gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
+            k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
+            KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
+            s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, num_warps=tuning.state_warps, num_stages=st.stages,
+            **meta)
+
+    def out(lo: int, hi: int) -> None:
+        if T == 0:
+            return
         BVo = _v_tile(tuning.out_bv, V)
-        gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, H)](
-            q, k, rk, rq, gam, h, v_new, o, *seq, *q.stride()[:2], *k.stride()[:2], K ** -0.5, BV=BVo,
-            RQ=tuning.rq_first, num_warps=tuning.out_warps, **meta)
+        gdn_chunk_out_kernel[(triton.cdiv(V, BVo), hi - lo, H)](
+            q, k, rk, rq, gam, h, v_new, o, *seq, *q.stride()[:2], *k.stride()[:2], K ** -0.5, V=V, BK=BK, BV=BVo,
+            RQ=tuning.rq_first, c0=lo, num_warps=tuning.out_warps, **meta)
+
+    _pipeline(_windows(st.pipe, tuning.state_pipe_chunks, T, n_chunks), first, state, out, dev,
+              tuning.state_pipe_high)
     return o

@@ -236,9 +236,14 @@ def gdn_chunk_state_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, KB: tl.constexpr,
     t_inv=None, v=None, b=None, s_vt=0, s_vh=0, s_bt=0, s_bh=0,  # WY: T [T, HV, BT] from the intra pass, raw v, b
     WY: tl.constexpr = False,
+    c_lo=0, c_hi=1 << 30,  # the window of global chunk indices this launch runs (`launch_chunked`'s pipeline)
 ):
     """KB: the state as two 64-row halves (`state_chunk_kb`, K <= 128), else one [BK, BV] block. WY: v_new from
-    T, v and b (`state_chunk_wy`, `state_chunk_wy_kb`), w and u unused and never formed."""
+    T, v and b (`state_chunk_wy`, `state_chunk_wy_kb`), w and u unused and never formed.
+
+    A window [c_lo, c_hi) runs the chunks of each sequence that fall in it: the state comes from the pool and goes
+    back to it (a later window of the same sequence continues from there, fp32 both ways, so the chain is the one
+    launch's bit for bit); the capture snapshots are taken by the window that reaches their chunk boundary."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slots + i_n).to(tl.int64)
     if slot < 0:
@@ -252,8 +257,16 @@ def gdn_chunk_state_kernel(
     cut = tl.sum(tl.where(m_sel, b_cut, 0), 0)
     n_chunks = tl.sum(tl.where(m_sel, b_cnt, 0), 0)
     nc1 = (cut + BT - 1) // BT  # chunks before the capture cut (0 when it does not split the sequence)
-    i_c0 = tl.sum(tl.where(o_n < i_n, b_cnt, 0), 0).to(tl.int64)  # global index of the first chunk
+    i_c0 = tl.sum(tl.where(o_n < i_n, b_cnt, 0), 0)  # global index of the first chunk
     c_at = tl.load(capture_at + i_n)
+    # the sequence's chunks [jl, jh) in the window; `first`: the window holding its start (a sequence of no tokens:
+    # the first window), which takes the snapshot at 0
+    jl = tl.minimum(tl.maximum(c_lo - i_c0, 0), n_chunks)
+    jh = tl.minimum(tl.maximum(c_hi - i_c0, 0), n_chunks)
+    first = (jl == 0) & ((jh > 0) | ((n_chunks == 0) & (c_lo == 0)))
+    if not ((jl < jh) | first):
+        return
+    i_c0 = i_c0.to(tl.int64)
 
     o_i = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -270,27 +283,27 @@ def gdn_chunk_state_kernel(
         o_k2 = 64 + o_k1
         b_h1 = tl.load(pool + o_k1[:, None] * V + o_v[None, :], mask=(o_k1 < K)[:, None] & m_v[None, :], other=0.0)
         b_h2 = tl.load(pool + o_k2[:, None] * V + o_v[None, :], mask=(o_k2 < K)[:, None] & m_v[None, :], other=0.0)
-        if c_at == 0:
+        if (c_at == 0) & first:
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        for j in range(0, nc1):
+        for j in range(jl, tl.minimum(jh, nc1)):
             if WY:
                 b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
                                                s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
             else:
                 b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
                                             v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
-        if nc1 > 0:
+        if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):  # the window that goes on from the cut (nc1 < n_chunks)
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        for j in range(nc1, n_chunks):
+        for j in range(tl.maximum(jl, nc1), jh):
             if WY:
                 b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
                                                s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
             else:
                 b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
                                             v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
-        if (length == c_at) & (length > 0):
+        if (length == c_at) & (length > 0) & (jh == n_chunks):
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        if length > 0:
+        if jl < jh:
             store_halves(pool, b_h1, b_h2, o_v, m_v, K, V)
     else:
         o_k = tl.arange(0, BK)
@@ -298,27 +311,27 @@ def gdn_chunk_state_kernel(
         m_h = m_k[:, None] & m_v[None, :]
         o_h = o_k[:, None] * V + o_v[None, :]
         b_h = tl.load(pool + o_h, mask=m_h, other=0.0)
-        if c_at == 0:
+        if (c_at == 0) & first:
             tl.store(cap + o_h, b_h, mask=m_h)
-        for j in range(0, nc1):
+        for j in range(jl, tl.minimum(jh, nc1)):
             if WY:
                 b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
             else:
                 b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
                                   o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
-        if nc1 > 0:
+        if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):
             tl.store(cap + o_h, b_h, mask=m_h)
-        for j in range(nc1, n_chunks):
+        for j in range(tl.maximum(jl, nc1), jh):
             if WY:
                 b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
             else:
                 b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
                                   o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
-        if (length == c_at) & (length > 0):
+        if (length == c_at) & (length > 0) & (jh == n_chunks):
             tl.store(cap + o_h, b_h, mask=m_h)
-        if length > 0:
+        if jl < jh:
             tl.store(pool + o_h, b_h, mask=m_h)
 
 
@@ -329,12 +342,13 @@ def gdn_chunk_out_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, RQ: tl.constexpr,
     KS: tl.constexpr = 0,
+    c0=0,  # global index of the grid's first chunk (`launch_chunked`'s pipeline windows)
 ):
     # one program per key head serves the G value heads of its group: q, k and q k^T are loaded and computed once.
     # KS > 0: the products over K in runtime slices of KS columns (`qk_slices`, `qh_slices`): shared memory for
     # [BT, KS] tiles instead of [BT, BK] (the AOT kernel on fp32 activations: 64 KB in one tile, over TensorRT's
     # 48 KiB); KS = 0 (the JIT launches): q and k as one tile each
-    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v, i_c, i_h = tl.program_id(0), c0 + tl.program_id(1), tl.program_id(2)
     G: tl.constexpr = HV // H
     i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:

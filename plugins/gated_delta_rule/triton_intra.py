@@ -222,10 +222,11 @@ def gdn_chunk_intra_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BKS: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     PREC: tl.constexpr, SOLVE_PREC: tl.constexpr, SHARE: tl.constexpr, FUSE: tl.constexpr, RQ: tl.constexpr,
+    c0=0,  # global index of the grid's first chunk (`launch_chunked`'s pipeline windows)
 ):
     # SHARE: grid (chunks, H), one program computes the raw k k^T of a key head once and serves the G value heads
     # of its group; else grid (chunks, HV), one value head per program (more programs, G x the k k^T work)
-    i_c, i_x = tl.program_id(0), tl.program_id(1)
+    i_c, i_x = c0 + tl.program_id(0), tl.program_id(1)
     G: tl.constexpr = HV // H
     i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
@@ -323,12 +324,13 @@ def gdn_chunk_wu_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
     LOOP: tl.constexpr,
+    c0=0,  # global index of the grid's first chunk
 ):
     """w = T diag(beta e^gamma / |k|) k, u = T diag(beta) v with T read back from the intra pass (grid chunks x
     HV): the unfused second half of the first pass. K in one BK tile and V in BV slices, unrolled; LOOP: both in
     BK / BV slices of a runtime loop, which Triton software-pipelines with the launch's num_stages (FLA's form:
     its recompute_w_u took 161 us at T = 16384 against our 194, H200, 2026-12-03)."""
-    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_c, i_hv = c0 + tl.program_id(0), tl.program_id(1)
     i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
         return
