@@ -7,6 +7,9 @@ besides the layers' device work.
   step is the runtime's bookkeeping alone (validation, selection, packing, the stack's loop, commit): the part of the
   host enqueue that the CUDA-graph replay does not replace. Per N in {1, 8, 64, 256}, the dict API
   (`Session.decode({seq: h})`) and, where the runtime has it, the batched API (`begin_step` + `run` + close).
+  `static`: the steady decode step of a GPU host in place (`step.input()`, `run(..., copy=False)`, close) on a
+  second session whose decode buckets hold a gated graph entry with the replay stubbed out: the Python a GPU host
+  runs around its one graph launch (the stack's loop above is what the replay replaces).
 - `ple`: the PLE host part of a decode step at Qwen4-Exp shapes (16 n-gram heads x 160, bf16 table rows, the table
   shrunk to ~85k rows): hashing, the row cache lookup and the staging of N = 1..256 sequences' rows, every step the
   same ids (after the first step every row is a cache hit), as the session's PLE feeds do it.
@@ -43,6 +46,7 @@ from gdn_trt.model.state import StepOutput
 from gdn_trt.runtime.budget import RuntimeLimits
 from gdn_trt.runtime.engine import Engine
 from gdn_trt.runtime.ple.feeds import PleFeeds
+from gdn_trt.runtime.select import GraphPolicy
 from gdn_trt.runtime.session import Session, SessionOptions
 
 NS = (1, 8, 64, 256)
@@ -66,6 +70,46 @@ class StubEngine(Engine):
 
     def parts(self) -> tuple[str, ...]:
         return ("layer", "mixer")
+
+
+class _Capturable(StubEngine):
+    def capture_veto(self, mode):
+        return None
+
+
+class _NoReplay:
+    """A captured graph whose replay does nothing."""
+
+    def replay(self) -> None:
+        pass
+
+
+def _static_step(cfg, limits: RuntimeLimits, n: int):
+    """A session whose decode bucket of n sequences replays a stubbed graph, and its steady step in place."""
+    from gdn_trt.model.modes import StepKind
+    from gdn_trt.plugins.packing import Packing
+    from gdn_trt.runtime import graphs
+    from gdn_trt.runtime.stack import Packed
+
+    sess = Session.open(cfg, backend="torch", device="cpu", options=SessionOptions(limits=limits))
+    sess.selector.engines = [[_Capturable(i)] for i in cfg.gdn_layer_ids]
+    sess.selector.policy = GraphPolicy(True, limits.buckets(), True)
+    ids = np.asarray([sess.add_sequence() for _ in range(n)], dtype=np.int64)
+    g = sess.selector.group(StepKind.DECODE, n, n)
+    gc, pk = sess.graphs, sess._steps.pack
+    fixed = gc._input(g.bucket)
+    inp = Packed(fixed.x, None, Packing(pk.cu_decode[:g.bucket + 1], pk.view("slots", 0, g.bucket)), None)
+    seg = graphs._Segment(g.engines, True, inp, inp, _NoReplay(), torch.zeros(g.bucket, cfg.stream_dim))
+    gc._entries[(tuple(id(e) for e in g.engines), g.mode, g.bucket, g.vetoes)] = graphs._Entry(
+        g.mode, g.bucket, fixed, None, inp.pack, None, [seg], True)
+
+    def static():
+        with sess.begin_step(ids, "decode") as st:
+            st.run(st.input(), copy=False)
+
+    static()
+    assert sess.stats().graphs.replays == 1, "the stubbed graph did not run"
+    return static
 
 
 def _median_us(fn, steps: int) -> tuple[float, float]:
@@ -102,6 +146,7 @@ def stub_rows(steps: int) -> list[dict]:
                     st.run(h)
 
             row["batched_us"], row["batched_cpu_us"] = _median_us(batched, steps)
+            row["static_us"], row["static_cpu_us"] = _median_us(_static_step(cfg, limits, n), steps)
         rows.append(row)
         print(row, flush=True)
     return rows
@@ -211,7 +256,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"{meta['date']}-{args.name}"
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    cols = ["case", "n", "dict_us", "dict_cpu_us", "batched_us", "batched_cpu_us", "stage_us", "stage_cpu_us"]
+    cols = ["case", "n", "dict_us", "dict_cpu_us", "batched_us", "batched_cpu_us", "static_us", "static_cpu_us",
+            "stage_us", "stage_cpu_us"]
     lines = [f"# {args.name} ({meta['date']})", "", *(f"- {k}: {v}" for k, v in meta.items()), "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols)

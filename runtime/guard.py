@@ -9,9 +9,10 @@ dict API opens a step inside its own call). It refuses instead of waiting: a loc
 threads in an order neither chose, and hide a host bug that usually means two schedulers share one session.
 Serve one session from one thread (or put a lock of your own around whole steps).
 
-Cost, measured on the shared 2-core CPU machine (2026-12-03, timeit, best of 3): 0.5-0.8 us per guarded call
-against 30-65 ns unguarded; a batched decode step passes the guard 4 times (one lock acquire, three re-entries),
-about 2 us against the 52 us of host work it takes (`bench/results/README.md`).
+Cost, measured on the shared 2-core CPU machine (2026-12-04, timeit): a first entry 0.38-0.66 us (the lock), a
+call of the holding thread about 0.3 us (the wrapper's `*args, **kwargs`), against 0.03-0.05 us unguarded. A steady
+decode step in place enters once (`begin_step`), holds the session while the step is open, and calls `input`,
+`run` and `close` as the holder, which pass straight through (2026-12-03, with re-entries counted: about 2 us).
 """
 
 from __future__ import annotations
@@ -67,12 +68,18 @@ class Guard:
 
 
 def guarded(fn: F) -> F:
-    """Run a method of an object with a `_guard` inside it (see the module docstring)."""
+    """Run a method of an object with a `_guard` inside it (see the module docstring).
+
+    A call of the thread that holds the session (a call inside its own call, or on its open step) runs at once and
+    counts nothing: the hold of the outer call or of the open step keeps the session (`Step.close` and `abort`
+    release the step's hold as their last act)."""
     what = fn.__name__
 
     @functools.wraps(fn)
     def call(self, *args, **kwargs):
         g = self._guard
+        if g._owner == get_ident():
+            return fn(self, *args, **kwargs)
         g.enter(what)
         try:
             return fn(self, *args, **kwargs)

@@ -88,12 +88,14 @@ class Selector:
         self.failed_buckets: dict[tuple[LayerMode, int], str] = {}
         # (kind, sequences, tokens) -> (mode, engines, bucket, vetoes): a steady decode loop selects once
         self._memo: dict[tuple[StepKind, int, int], Group] = {}
+        self.generation = 0  # counts the clears of the memo: a group memoized at one generation is while it stands
         self._parts: dict[tuple, Engine] = {}
 
     def fail_bucket(self, mode: LayerMode, bucket: int, reason: str) -> None:
         """A graph bucket that failed its capture or acceptance gate runs eagerly from now on."""
         self.failed_buckets[(mode, bucket)] = reason
         self._memo.clear()
+        self.generation += 1
 
     def say(self, msg: str, level: int = logging.INFO) -> None:
         """Log `msg` the first time it is said."""
@@ -120,6 +122,7 @@ class Selector:
             g = self._choose(kind, n, tokens)
             if len(self._memo) > 4096:  # prefill token counts vary without bound
                 self._memo.clear()
+                self.generation += 1
             self._memo[key] = g
         return g
 

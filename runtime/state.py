@@ -187,7 +187,7 @@ class StatePool:
         self._fences.append(hit)
         return hit
 
-    def mark_written(self, slots: np.ndarray | list[int], fence: Fence) -> None:
+    def mark_written(self, slots: np.ndarray | list[int] | int | slice, fence: Fence) -> None:
         """The step whose completion `fence` (from `fence()`) marks wrote these slots: snapshots of them wait for
         it."""
         self._fence_of[slots] = fence.index

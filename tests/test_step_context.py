@@ -17,6 +17,7 @@ import torch
 
 from gdn_trt.export.tolerances import tol
 from gdn_trt.model.lora import LoraLimits
+from gdn_trt.model.modes import StepKind
 from gdn_trt.model.norms import rms_norm_1p
 from gdn_trt.model.peft import SyntheticAdapter, load_adapter, make_synthetic_adapter
 from gdn_trt.runtime.budget import RuntimeLimits
@@ -506,6 +507,47 @@ def test_a_repeated_decode_request_is_checked_again_after_any_change():
             raise RuntimeError("the host's model failed after the layers ran")
     with pytest.raises(SequenceError, match="failed in an earlier step"):
         s.begin_step(qs[:2], "decode")
+
+
+def test_a_steady_decode_step_commits_exactly_its_sequences():
+    """A decode step of the same checked request opens from what the last one bound and commits through a basic
+    index where the slots allow (`steps._Steady`: an int for one slot, a slice for consecutive slots, the index
+    array for scattered ones); a prefill between (the index buffer then holds its data), a new sequence and a
+    cleared selector memo (a new request each) leave positions, fences and step counts exactly those of the steps
+    that ran."""
+    s = open_session(PLAIN)
+    h, _ = inputs(s, 8, seed=3)
+    q = np.array([s.add_sequence() for _ in range(5)])
+    assert [s._seqs.slot(int(x)) for x in q] == list(range(5))
+    want, steps, specs = dict.fromkeys(q.tolist(), 0), 0, []
+    odd = q[[3, 0, 2]]
+    plan = [q[4:], q[4:], q[2:4], q[2:4], "prefill", q[2:4], q[2:4], odd, odd, "add", odd, "memo", odd, odd]
+    for t, sub in enumerate(plan):
+        if isinstance(sub, str):
+            if sub == "prefill":
+                s.prefill(int(q[1]), h[:2])
+                want[int(q[1])] += 2
+            elif sub == "add":
+                want[s.add_sequence()] = 0
+            else:
+                s.selector.fail_bucket(next(iter(s.selector._memo.values())).mode, 1, "a test clears the memo")
+            specs.append(None)
+            continue
+        with s.begin_step(sub, "decode") as st:
+            st.run(h[t % 4:t % 4 + sub.size])
+            assert s._steps.pack.dev[:sub.size].tolist() == [s._seqs.slot(x) for x in sub.tolist()], f"step {t}"
+        steps += 1
+        for x in sub.tolist():
+            want[x] += 1
+        at = st._steady.at
+        assert isinstance(at, int if sub.size == 1 else slice if (np.diff(sub) == 1).all() else np.ndarray), t
+        specs.append(st._spec)
+        assert {x: s.position(x) for x in want} == want, f"step {t}"
+        stepped = {s._seqs.slot(x) for x, n in want.items() if n}
+        assert [int(f) for f in s.pool._fence_of[:6]] == [0 if k in stepped else -1 for k in range(6)], f"step {t}"
+    assert specs[1] is specs[0] and specs[3] is specs[2] and specs[5] is specs[3] and specs[6] is specs[5]
+    assert specs[8] is specs[7] and specs[10] is not specs[8] and specs[12] is not specs[10] and specs[13] is specs[12]
+    assert s.stats().kinds[StepKind.DECODE].steps == steps
 
 
 def test_a_repeated_mixed_step_reuses_its_layout():

@@ -125,3 +125,25 @@ def test_the_holding_thread_reenters_and_releases_on_every_exit():
     th.start()
     th.join(30)
     assert b in done["y"]
+
+
+def test_a_guarded_call_keeps_its_signature_and_the_holder_reenters_uncounted():
+    """`guarded` keeps a method's signature and docs (`functools.wraps`); a call of the holding thread inside its open
+    step counts nothing, so closing the step frees the session."""
+    import inspect
+
+    from gdn_trt.runtime.session import Session
+    from gdn_trt.runtime.steps import Step
+
+    for fn in (Session.begin_step, Step.run, Step.layer, Step.input, Session.accept_batch):
+        assert inspect.signature(fn) == inspect.signature(fn.__wrapped__) and fn.__doc__ == fn.__wrapped__.__doc__
+    s, _, h, a, b = _world()
+    st = s.begin_step(seqs=[a], kind="decode")
+    assert s._guard._depth == 1
+    y = st.run(x=h[3:4])
+    assert s._guard._depth == 1 and st.run.__name__ == "run"
+    st.close()
+    assert s._guard.holder is None and s._guard._depth == 0
+    with s.begin_step([a, b], "decode") as st:
+        st.run(h[3:5], copy=True)
+    assert s._guard.holder is None and y.shape == (1, s.cfg.stream_dim)
