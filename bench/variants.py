@@ -212,6 +212,16 @@ PIPE_VARIANTS = [
     ("state_pipe=8", dict(state_pipe=8, state_pipe_chunks=8)),
     ("state_pipe=4, windows of 128 chunks at least", dict(state_pipe=4, state_pipe_chunks=128)),
     ("state_pipe=4, side stream of the same priority", dict(state_pipe=4, state_pipe_chunks=8, state_pipe_high=False)),
+    # the default windows with the state pass's programs wider or more of them (they share their SMs with the other
+    # passes' programs while they overlap), and the other passes narrower
+    ("windows of 128, state_warps=8", dict(state_pipe=4, state_pipe_chunks=128, state_warps=8)),
+    ("windows of 128, state_bv=16", dict(state_pipe=4, state_pipe_chunks=128, state_bv=16)),
+    ("windows of 128, state_bv=16, state_warps=2", dict(state_pipe=4, state_pipe_chunks=128, state_bv=16,
+                                                        state_warps=2)),
+    ("windows of 128, wu_warps=4", dict(state_pipe=4, state_pipe_chunks=128, wu_warps=4)),
+    ("windows of 128, out_warps=8", dict(state_pipe=4, state_pipe_chunks=128, out_warps=8)),
+    ("state_pipe=3, windows of 64", dict(state_pipe=3, state_pipe_chunks=64)),
+    ("state_bv=16, one launch of each pass", dict(state_pipe=1, state_bv=16)),
 ]
 PIPE_MANY_VARIANTS = [("state_pipe_many=2", dict(state_pipe_many=2)), ("state_pipe_many=4", dict(state_pipe_many=4))]
 
