@@ -51,7 +51,12 @@ BIG = C(128, 64, 64, 4, 4)
 # (results/2026-12-03-gemm-sweep-all-splits.md) timed up to 512 programs and every split launch past 132 lost, e.g.
 # out_proj at M = 64 with BN = 64: split 4 (128 programs) 9.63 us, split 8 (256) 13.6 us; in_proj at M = 64 with
 # BN = 64: split 1 (193) 18.7 us, split 2 (386) 24.1 us.
-_WIDE = [(32, 128, 6, 4, 1), (32, 256, 4, 4, 1), (64, 128, 4, 4, 1), (64, 64, 4, 4, 1), (256, 64, 4, 8, 2)]
+_WIDE = [(32, 128, 6, 4, 1), (32, 256, 4, 4, 1), (64, 128, 4, 4, 1), (64, 64, 4, 4, 1), (256, 64, 4, 8, 2),
+         (128, 64, 4, 4, 1), (128, 64, 4, 8, 1), (128, 128, 3, 8, 1)]
+# row ranges (gemm.Config.spread): (BN at least, BK, stages, warps, split, spread); in_proj's 12352 rows over 132 /
+# 264 / 396 programs are ranges of 94 / 47 / 32 rows in blocks of 128 / 64 / 32
+_WIDE_SPREAD = [(16, 64, 4, 4, 1, 1), (16, 64, 4, 8, 1, 1), (16, 128, 3, 8, 1, 1), (16, 64, 5, 4, 1, 1),
+                (16, 64, 4, 4, 1, 2), (16, 128, 4, 4, 1, 2), (16, 128, 4, 4, 1, 3)]
 _NARROW = [(16, 512, 3, 4, 1), (32, 256, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256, 3, 4, 4), (64, 64, 4, 4, 4),
            (128, 64, 4, 4, 8), (128, 128, 3, 8, 8)]
 # the FMA form (BM = M <= 4): BN = 8 or 16 weight rows per program (out_proj: 256 or 128 N-tiles, no room to split)
@@ -65,6 +70,8 @@ def candidates(m: int, shape: str) -> list:
     bm = max(16, 1 << (m - 1).bit_length())
     dots, fmas = (_WIDE, _FMA_WIDE) if ROW_N[shape] else (_NARROW, _FMA_NARROW)
     out = [C(bm, bn, bk, st, wp, split=sp) for bn, bk, st, wp, sp in dots]
+    if ROW_N[shape]:
+        out += [C(bm, bn, bk, st, wp, split=sp, spread=k) for bn, bk, st, wp, sp, k in _WIDE_SPREAD]
     if m <= 4:
         out = [C(m, bn, bk, 1, 4, False, sp) for bn, bk, sp in (fmas if m == 1 else fmas[:2])] + out
     # what gemm.config_for would run: a split cut to N-tiles x split <= SMS
@@ -73,7 +80,7 @@ def candidates(m: int, shape: str) -> list:
 
 def cfg_src(c: C) -> str:
     return (f"Config({c.bm}, {c.bn}, {c.bk}, {c.stages}, {c.warps}" + ("" if c.dot else ", dot=False")
-            + (f", split={c.split}" if c.split > 1 else "") + ")")
+            + (f", split={c.split}" if c.split > 1 else "") + (f", spread={c.spread}" if c.spread else "") + ")")
 
 
 COLUMNS = ["shape", "N", "K", "M", "cublas_us", "ours_us", "ours_over_cublas", "cublas_TBps", "ours_TBps",
@@ -101,19 +108,19 @@ class Operands:
         return time_cuda(lambda i: f(x, ws[i % len(ws)]), n_sets=len(ws), reps=reps).median_us
 
 
-def sweep(ops: dict[str, Operands], deadline: float, t0: float) -> list[dict]:
+def sweep(ops: dict[str, Operands], deadline: float, t0: float, buckets=M_BUCKETS) -> list[dict]:
     """Every candidate at each M bucket on each main shape beside cuBLAS; the rows (`cfg` holds the launch's fields
     for `--apply-from`), the best per (M, shape) marked."""
     rows = []
-    for M in M_BUCKETS:
+    for M in buckets:
         for s, o in ops.items():
             cub = o.time(M, F.linear, 15)
             rows.append({"M": M, "shape": s, "config": "cuBLAS", "us": cub, "TBps": o.bytes(M) / cub / 1e6})
             best = None
             for cfg in candidates(M, s):
-                programs = -(-o.N // cfg.bn) * -(-M // (cfg.bm if cfg.dot else M)) * cfg.split
+                programs = gemm.row_tiles(cfg, o.N)[0] * -(-M // (cfg.bm if cfg.dot else M)) * cfg.split
                 row = {"M": M, "shape": s, "config": str(cfg), "programs": programs,
-                       "cfg": [cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.warps, cfg.dot, cfg.split]}
+                       "cfg": [cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.warps, cfg.dot, cfg.split, cfg.spread]}
                 if time.perf_counter() - t0 > deadline:
                     rows.append({**row, "error": "deadline"})
                     continue
@@ -139,27 +146,37 @@ def winners(rows: list[dict]) -> dict[tuple[int, str], tuple[C, float, float]]:
 def apply_table(best: dict[tuple[int, str], tuple[C, float, float]], date: str) -> None:
     """Writes the sweep's winners into gemm.TABLE (source and the running module): per M bucket a wide row (tuned on
     in_proj) and a narrow one (out_proj), each with its time over cuBLAS's, which `gemm.dispatched` reads (every
-    bucket stays in the table, so that the tests run the kernel at every decode-sized M)."""
+    bucket stays in the table, so that the tests run the kernel at every decode-sized M). A sweep of some buckets
+    (`--m`) rewrites only theirs: the other rows keep their lines, and each rewritten line ends with this sweep's
+    date (its file: bench/results/<date>-gemm-sweep.md)."""
+    root = Path(gemm.__file__).resolve().parent
+    src = (root / "gemm.py").read_text()
+    body = src.index("(\n", src.index("TABLE: tuple[")) + 2
+    old = src[body:src.index("\n)\n", body) + 1]
+    old_lines = {(r.max_m, r.min_n): line for r, line in zip(gemm.TABLE, old.splitlines(keepends=True))}
+    partial = any((M, s) not in best for M in M_BUCKETS for s in MAIN)
     table, lines = [], []
     for M in M_BUCKETS:
         for s in MAIN:
             if (M, s) not in best:
+                if (M, ROW_N[s]) in old_lines:
+                    table.append(gemm.row_for(M, MAIN[s][0]))
+                    lines.append(old_lines[(M, ROW_N[s])])
                 continue
             cfg, us, cub = best[(M, s)]
             table.append(gemm.Row(M, ROW_N[s], cfg, round(us / cub, 3)))
             N, K = MAIN[s]
             tbps = 2 * (N * K + M * K + M * N) / us / 1e6
             lines.append(f"    Row({M}, {'WIDE_N' if ROW_N[s] else 0}, {cfg_src(cfg)}, {us / cub:.3f}),"
-                         f"  # {us:.1f} against {cub:.1f} us, {tbps:.2f} TB/s\n")
-    if not table:
+                         f"  # {us:.1f} against {cub:.1f} us, {tbps:.2f} TB/s" + (f", {date}" if partial else "")
+                         + "\n")
+    if not best:
         raise SystemExit("the sweep has no winner: table left as it was")
-    root = Path(gemm.__file__).resolve().parent
-    src = (root / "gemm.py").read_text()
-    body = src.index("(\n", src.index("TABLE: tuple[")) + 2
     src = src[:body] + "".join(lines) + src[src.index("\n)\n", body) + 1:]
-    at = src.index("# H200, ")
-    src = src[:at] + f"# H200, {date} (bench/results/{date}-gemm-sweep.md), against cuBLAS on the same shape.\n" + \
-        src[src.index("TABLE: tuple[", at):]
+    if not partial:
+        at = src.index("# H200, ")
+        src = src[:at] + f"# H200, {date} (bench/results/{date}-gemm-sweep.md), against cuBLAS on the same shape.\n" \
+            + src[src.index("TABLE: tuple[", at):]
     (root / "gemm.py").write_text(src)
     gemm.TABLE = tuple(table)
     print("applied table", *gemm.TABLE, sep="\n  ", flush=True)
@@ -209,6 +226,8 @@ def main() -> None:
     ap.add_argument("--apply-from", type=Path, metavar="JSON", help="write the winners of a sweep's "
                     "<date>-gemm-sweep.json into gemm.TABLE and exit (no GPU needed)")
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds after which sweep candidates are skipped")
+    ap.add_argument("--m", default=",".join(map(str, M_BUCKETS)), help="the M buckets the sweep times (comma list; "
+                    "--apply then rewrites only their rows)")
     args = ap.parse_args()
     if args.apply_from:
         saved = json.loads(args.apply_from.read_text())
@@ -223,7 +242,7 @@ def main() -> None:
     print("device", meta, flush=True)
     ops = {s: Operands(*nk) for s, nk in MAIN.items()}
     if args.sweep:
-        rows = sweep(ops, args.deadline, t0)
+        rows = sweep(ops, args.deadline, t0, tuple(int(m) for m in args.m.split(",")))
         if args.apply:
             apply_table(winners(rows), meta["date"])
             meta.update(table=[(r.max_m, r.min_n, str(r.cfg), r.vs_cublas) for r in gemm.TABLE],

@@ -7,8 +7,9 @@ a session's graphs keep the launches they were captured with):
 - `off`: no PDL (GDN_TRT_PDL=0); `on`: every kernel of the step with PDL, as the runtime runs it;
 - `on -X`: PDL on for every family but X (gemm: the skinny GEMM; gdn: the GDN decode; conv: the conv update;
   glue: the norms), so each family's share of the gain or loss shows;
-- `off +gemm64`, `on +gemm64` (`--only`, not in the default set): the skinny GEMM also at M = 64, where cuBLAS,
-  which takes no PDL, wins a call timed alone (`gemm.TABLE`): does our GEMM win there inside a PDL step?
+- `off +gemm64`, `on +gemm64` (`--only`, not in the default set): the skinny GEMM for every projection at M = 64,
+  in_proj included, where cuBLAS, which takes no PDL, wins a call timed alone (`gemm.TABLE`): does our GEMM win
+  there inside a PDL step?
 Per N: `replay_us`, CUDA events around back-to-back replays of the step's graphs (the device's span of a step:
 with PDL the kernels overlap, so the profiler's sum of kernel times no longer is the step's device time), and
 `wall_us`, back-to-back steps of the batched API with the input and output in place (`bench/runtime.py`'s `static`);

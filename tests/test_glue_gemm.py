@@ -121,6 +121,14 @@ if not INSIDE:
         return gemm.Config(bm, 64, 128, 4, 4, split=8) if name == "out_proj" else gemm.Config(bm, 128, 64, 4, 4,
                                                                                             split=4)
 
+    def _spread_cfg(name: str, M: int):
+        """Row ranges for a real shape (in_proj: 132 programs of 93-94 rows; out_proj: 264 of 7-8 rows x 2 slices)."""
+        from gdn_trt.plugins.glue import gemm
+
+        bm = max(16, 1 << (M - 1).bit_length())
+        return gemm.Config(bm, 16, 128, 4, 4, split=2, spread=2) if name == "out_proj" else \
+            gemm.Config(bm, 16, 64, 4, 4, spread=1)
+
     def _counters_at_zero():
         from gdn_trt.plugins.glue import gemm
 
@@ -130,9 +138,10 @@ if not INSIDE:
     @pytest.mark.gpu
     @pytest.mark.parametrize("name", list(NEXT))
     def test_real_shapes_against_float64_and_cublas(name, monkeypatch):
-        """The table's launch and a split-K one, within the fp32-accumulation bound of float64 at every M bucket
-        (non-powers of two included), and no less accurate than cuBLAS on the same inputs (RMS error at most 1.05x
-        F.linear's: both round once to bf16, which dominates; cuBLAS may also reduce split-K partials in bf16)."""
+        """The table's launch, a split-K one and a row-range one (spread), within the fp32-accumulation bound of
+        float64 at every M bucket (non-powers of two included), and no less accurate than cuBLAS on the same inputs
+        (RMS error at most 1.05x F.linear's: both round once to bf16, which dominates; cuBLAS may also reduce split-K
+        partials in bf16)."""
         from gdn_trt.plugins.glue import gemm
 
         _poison(monkeypatch)
@@ -140,11 +149,12 @@ if not INSIDE:
         w = torch.randn(N, K, device="cuda").bfloat16() * 0.02
         for M in (1, 2, 3, 5, 8, 16, 17, 33, 64):
             x = torch.randn(M, K, device="cuda").bfloat16()
-            for y in (gemm.linear(x, w), gemm.launch(x, w, _split_cfg(name, M))):
+            for cfg in (gemm.config_for(M, N), _split_cfg(name, M), _spread_cfg(name, M)):
+                y = gemm.launch(x, w, cfg)
                 within_bound(x, w, y, 2.0**-8)
                 ref = x.double() @ w.double().T
                 ours, cublas = (y.double() - ref).norm().item(), (F.linear(x, w).double() - ref).norm().item()
-                assert ours <= 1.05 * cublas, f"M {M}: RMS error {ours:.3e} against cuBLAS's {cublas:.3e}"
+                assert ours <= 1.05 * cublas, f"M {M} {cfg}: RMS error {ours:.3e} against cuBLAS's {cublas:.3e}"
         _counters_at_zero()
 
     @pytest.mark.gpu
@@ -316,6 +326,21 @@ else:
         assert torch.equal(first, gemm.launch(x, w, cfg))
         assert {k: (ws.data_ptr(), cnt.data_ptr()) for k, (ws, cnt) in gemm._WORK.items()} == kept
         assert all(int(cnt.abs().sum()) == 0 for _, cnt in gemm._WORK.values())
+
+    @pytest.mark.parametrize("cfg", [C(16, 16, 32, spread=1), C(16, 16, 32, split=3, spread=1),
+                                     C(32, 16, 64, spread=2)], ids=str)
+    def test_spread_row_ranges_against_float64(cfg, monkeypatch):
+        """Row ranges instead of N-tiles, with the SM count cut to 5 so that the ranges are uneven (40 / 50 / 70
+        rows over 5 or 10 programs: 4-14 rows each, the rest of the BN-row block masked), outputs poisoned."""
+        new = gemm._new
+        monkeypatch.setattr(gemm, "_new", lambda *a: new(*a).fill_(float("nan")))
+        monkeypatch.setattr(gemm, "SMS", 5)
+        for ms, N, K in _shapes(cfg):
+            programs, bn = gemm.row_tiles(cfg, N)
+            assert programs == 5 * cfg.spread and bn >= -(-N // programs), (programs, bn)
+            for M in ms:
+                x, w = _poisoned_x(M, K), torch.randn(N, K)
+                within_bound(x, w, gemm.launch(x, w, cfg), U_ACC)
 
     def test_row_strided_input_and_empty_shapes():
         big = torch.randn(3, 300)

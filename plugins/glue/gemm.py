@@ -56,6 +56,11 @@ class Config:
     warps: int = 4
     dot: bool = True  # tensor-core tiles (BM, BN >= 16); False: the FMA form (BM <= 4)
     split: int = 1
+    # > 0: not N-tiles of BN rows but spread x SMS programs (per M-tile and K-slice), each on its own contiguous range
+    # of about N / (spread x SMS) weight rows, the block the power of two that covers the range and at least BN (rows
+    # past the range masked): every SM streams the same bytes, where BN-row tiles leave a partial last wave (in_proj
+    # at BN = 64: 193 tiles on 132 SMs, so 61 SMs stream two tiles and 71 one)
+    spread: int = 0
 
     def check(self) -> None:
         if self.dot and (self.bm < 16 or self.bn < 16 or self.bk < 16):
@@ -64,6 +69,8 @@ class Config:
             raise ValueError(f"the FMA form holds a [BN, BM, BK] product in registers: BM <= 4, got {self}")
         if not 1 <= self.split <= 64:
             raise ValueError(f"split must be 1..64 K-slices, got {self}")
+        if self.spread < 0 or (self.spread and not self.dot):
+            raise ValueError(f"spread must be >= 0 programs per SM, and only for tl.dot tiles, got {self}")
 
 
 @dataclass(frozen=True)
@@ -86,9 +93,10 @@ WIDE_N = 8192  # in_proj-like widths (>= WIDE_N rows: enough N-tiles to fill the
 # the first row whose bounds hold is used; per M bucket a wide row (min_n = WIDE_N, tuned on Qwen3-Next's in_proj
 # [12352, 2048]) then a narrow one (min_n = 0, tuned on its out_proj [2048, 4096]): the best launch of the sweep on
 # that shape, its time over cuBLAS's and (comment) both times, from the run named on the next line.
-# H200, 2026-12-03 (bench/results/2026-12-03-gemm-sweep.md), against cuBLAS on the same shape.
-# (M = 64 narrow: that sweep's 25 s deadline skipped its split launches; the first, complete one timed split 4 of
-# BN = 64 at 9.63 against cuBLAS's 9.87 us, bench/results/2026-12-03-gemm-sweep-all-splits.md: the next sweep decides.)
+# H200, 2026-12-03 (bench/results/2026-12-03-gemm-sweep.md), against cuBLAS on the same shape; the rows dated
+# 2026-12-04 from that day's sweep of M = 16, 32, 64 (bench/results/2026-12-04-gemm-sweep.md), which added row
+# ranges (`spread`): at M = 64 none beat N-tiles (best 17.2 against 17.0 us), so an even share of the weight per SM
+# is not what holds in_proj at 3.1 TB/s there; at M = 16 two ranges per SM won by 1 % (14.4 against 14.6 us).
 TABLE: tuple[Row, ...] = (
     Row(1, WIDE_N, Config(16, 64, 128, 4, 4), 0.899),  # 14.4 against 16.0 us, 3.52 TB/s
     Row(1, 0, Config(1, 8, 1024, 1, 4, dot=False), 0.810),  # 7.1 against 8.7 us, 2.37 TB/s
@@ -98,12 +106,12 @@ TABLE: tuple[Row, ...] = (
     Row(4, 0, Config(16, 64, 128, 4, 4, split=4), 0.853),  # 8.0 against 9.4 us, 2.09 TB/s
     Row(8, WIDE_N, Config(16, 64, 128, 4, 4), 0.911),  # 14.8 against 16.2 us, 3.44 TB/s
     Row(8, 0, Config(16, 64, 128, 4, 4, split=4), 0.856),  # 8.1 against 9.5 us, 2.08 TB/s
-    Row(16, WIDE_N, Config(16, 64, 128, 4, 4), 0.917),  # 14.9 against 16.3 us, 3.42 TB/s
-    Row(16, 0, Config(16, 64, 128, 4, 4, split=4), 0.842),  # 8.1 against 9.6 us, 2.10 TB/s
-    Row(32, WIDE_N, Config(32, 64, 128, 4, 4), 0.936),  # 15.7 against 16.7 us, 3.29 TB/s
-    Row(32, 0, Config(32, 64, 128, 4, 4, split=4), 0.881),  # 8.6 against 9.7 us, 2.01 TB/s
-    Row(64, WIDE_N, Config(64, 64, 64, 4, 4), 1.012),  # 17.1 against 16.9 us, 3.07 TB/s
-    Row(64, 0, Config(64, 16, 512, 3, 4), 1.127),  # 11.3 against 10.0 us, 1.55 TB/s
+    Row(16, WIDE_N, Config(16, 16, 128, 4, 4, spread=2), 0.932),  # 14.4 against 15.5 us, 3.54 TB/s, 2026-12-04
+    Row(16, 0, Config(16, 64, 128, 4, 4, split=4), 0.908),  # 7.9 against 8.7 us, 2.14 TB/s, 2026-12-04
+    Row(32, WIDE_N, Config(32, 64, 128, 4, 4), 0.965),  # 15.2 against 15.8 us, 3.38 TB/s, 2026-12-04
+    Row(32, 0, Config(32, 64, 128, 4, 4, split=4), 0.886),  # 8.5 against 9.6 us, 2.01 TB/s, 2026-12-04
+    Row(64, WIDE_N, Config(64, 64, 64, 4, 4), 1.061),  # 16.9 against 16.0 us, 3.09 TB/s, 2026-12-04
+    Row(64, 0, Config(64, 64, 128, 4, 4, split=4), 0.966),  # 9.6 against 9.9 us, 1.84 TB/s, 2026-12-04
 )
 
 
@@ -119,9 +127,17 @@ def config_for(m: int, n: int) -> Config:
     return fit(row_for(m, n).cfg, m, n)
 
 
+def row_tiles(cfg: Config, n: int) -> tuple[int, int]:
+    """(programs along N, BN) of an n-row weight under `cfg`: N-tiles of cfg.bn rows, or spread x SMS row ranges."""
+    if not cfg.spread:
+        return -(-n // cfg.bn), cfg.bn
+    programs = min(cfg.spread * SMS, n)
+    return programs, max(cfg.bn, triton.next_power_of_2(-(-n // programs)))
+
+
 def fit(cfg: Config, m: int, n: int) -> Config:
     """`cfg` with its split cut so that the N-tiles x M-tiles x split programs of an m x n output are at most SMS."""
-    tiles = -(-n // cfg.bn) * -(-m // (cfg.bm if cfg.dot else min(cfg.bm, triton.next_power_of_2(m))))
+    tiles = row_tiles(cfg, n)[0] * -(-m // (cfg.bm if cfg.dot else min(cfg.bm, triton.next_power_of_2(m))))
     split = max(1, min(cfg.split, SMS // tiles))
     return cfg if split == cfg.split else replace(cfg, split=split)
 
@@ -159,9 +175,10 @@ def gemm_kernel(
     x, w, y, ws, cnt,  # x [M, K] with row stride s_x; w [N, K] contiguous; y [M, N] contiguous; ws, cnt: _workspace
     M, N, K, s_x, k_slice,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
-    IEEE: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False,
+    IEEE: tl.constexpr, SPLIT: tl.constexpr, SPREAD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    """Program (i_n, i_m, i_s): y[i_m*BM : +BM, i_n*BN : +BN] over K[i_s*k_slice : +k_slice] (k_slice: BK steps)."""
+    """Program (i_n, i_m, i_s): y[i_m*BM : +BM, i_n*BN : +BN] over K[i_s*k_slice : +k_slice] (k_slice: BK steps);
+    SPREAD: rows [i_n N / P, (i_n + 1) N / P) of the P = programs along N instead of i_n*BN : +BN."""
     dt = y.dtype.element_ty
     i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if SPLIT:
@@ -170,10 +187,17 @@ def gemm_kernel(
     else:  # static loop bounds: the unsplit loop compiles as before split-K existed (no stack at 5 stages)
         k_lo = 0
         k_hi = K
-    o_n = i_n * BN + tl.arange(0, BN)
     o_m = i_m * BM + tl.arange(0, BM)
     o_k = k_lo + tl.arange(0, BK)
-    r_n = (o_n % N).to(tl.int64)  # wrapped weight rows: unmasked loads, the store drops them
+    if SPREAD:  # rows past the range are masked (they read nothing); the mask is constant along K: still vectorised
+        n_lo = (i_n * N // tl.num_programs(0)).to(tl.int32)
+        o_n = n_lo + tl.arange(0, BN)
+        m_n = o_n < ((i_n + 1) * N // tl.num_programs(0)).to(tl.int32)
+        r_n = o_n.to(tl.int64)
+    else:
+        o_n = i_n * BN + tl.arange(0, BN)
+        m_n = o_n < N
+        r_n = (o_n % N).to(tl.int64)  # wrapped weight rows: unmasked loads, the store drops them
     m_m = o_m < M  # masked token rows: at M = 1 of BM = 16, 15 rows read no memory
     # with PDL, an L2 prefetch of the program's first 256 weight columns before the wait made the decode step slower:
     # 133.7 / 204.1 us at N = 1 / 8 against 118.7 / 176.0 without it (H200, bench/results/2026-12-03-pdl-prefetch.md)
@@ -184,11 +208,17 @@ def gemm_kernel(
         acc = tl.zeros([BN, BM], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             if EVEN_K:
-                b_w = tl.load(p_w)
+                if SPREAD:
+                    b_w = tl.load(p_w, mask=m_n[:, None], other=0.0)
+                else:
+                    b_w = tl.load(p_w)
                 b_x = tl.load(p_x, mask=m_m[None, :], other=0.0)
             else:
                 m_k = k0 - k_lo + o_k < K
-                b_w = tl.load(p_w, mask=m_k[None, :], other=0.0)
+                if SPREAD:
+                    b_w = tl.load(p_w, mask=m_k[None, :] & m_n[:, None], other=0.0)
+                else:
+                    b_w = tl.load(p_w, mask=m_k[None, :], other=0.0)
                 b_x = tl.load(p_x, mask=m_m[None, :] & m_k[:, None], other=0.0)
             if IEEE:
                 acc = tl.dot(b_w, b_x, acc, input_precision="ieee")
@@ -213,7 +243,7 @@ def gemm_kernel(
             p_x += BK
         acc = tl.sum(prod, 2)  # [BN, BM]
     p_y = y + o_m[None, :].to(tl.int64) * N + o_n[:, None]
-    m_y = (o_n < N)[:, None] & m_m[None, :]
+    m_y = m_n[:, None] & m_m[None, :]
     if SPLIT:
         tile = i_m * tl.num_programs(0) + i_n
         n_s = tl.num_programs(2)
@@ -244,13 +274,14 @@ def launch(x: Tensor, w: Tensor, cfg: Config) -> Tensor:
     bm = cfg.bm if cfg.dot else min(cfg.bm, triton.next_power_of_2(M))
     k_slice = triton.cdiv(triton.cdiv(K, cfg.split), cfg.bk) * cfg.bk  # whole BK steps; only the last may be short
     split = triton.cdiv(K, k_slice)  # non-empty slices
-    grid = (triton.cdiv(N, cfg.bn), triton.cdiv(M, bm), split)
+    n_programs, bn = row_tiles(cfg, N)
+    grid = (n_programs, triton.cdiv(M, bm), split)
     ws = cnt = y
     if split > 1:
-        ws, cnt = _workspace(x.device, grid[0] * grid[1], split, cfg.bn * bm)
-    gemm_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), k_slice, BM=bm, BN=cfg.bn, BK=cfg.bk,
+        ws, cnt = _workspace(x.device, grid[0] * grid[1], split, bn * bm)
+    gemm_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), k_slice, BM=bm, BN=bn, BK=cfg.bk,
                       EVEN_K=K % cfg.bk == 0, DOT=cfg.dot, IEEE=x.dtype == torch.float32, SPLIT=split > 1,
-                      num_warps=cfg.warps, num_stages=cfg.stages, **pdl.options(x.device))
+                      SPREAD=cfg.spread > 0, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.options(x.device))
     return y
 
 
