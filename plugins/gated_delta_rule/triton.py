@@ -350,10 +350,11 @@ def _state_tiling(tuning: Tuning, V: int, sequence_heads: int, dev: torch.device
 
 def _windows(pipe: int, min_chunks: int, T: int, n_chunks: int) -> list[tuple[int, int]]:
     """The pipeline's windows of global chunk indices [lo, hi), from shapes only: `pipe` at most, `min_chunks`
-    chunks at least, sized by the T / BT chunks of the packed tokens; the last one runs to the bound `n_chunks`
-    (chunks of several sequences and capture cuts may number up to T / BT + 2 N)."""
-    count = max(1, min(pipe, triton.cdiv(T, BT) // max(1, min_chunks)))
-    size = triton.cdiv(triton.cdiv(T, BT), count)
+    chunks at least, sized by the C = T / BT chunks of the packed tokens, none empty; the last one runs to the bound
+    `n_chunks` >= C (chunks of several sequences and capture cuts may number up to T / BT + 2 N)."""
+    chunks = triton.cdiv(T, BT)
+    size = max(1, triton.cdiv(chunks, max(1, min(pipe, chunks // max(1, min_chunks)))))
+    count = max(1, triton.cdiv(chunks, size))  # windows of `size` chunks past C would start after the bound
     bounds = [i * size for i in range(count)] + [n_chunks]
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -368,8 +369,9 @@ def _pipeline(windows: list[tuple[int, int]], first, state, out, dev: torch.devi
     """Run the passes over the windows: `first(lo, hi)` (solve, w/u) and `out(lo, hi)` on the current stream,
     `state(lo, hi)` after its window's first pass and the previous window's state pass, on a side stream where
     there are several windows on a GPU. Every buffer was allocated on the current stream before, and the current
-    stream waits for the last state pass before its first output pass, so nothing the side stream uses is freed or
-    reused early; in a CUDA-graph capture the side stream forks from and joins the captured one."""
+    stream waits for each window's state pass before that window's output pass, so by the return it has waited for
+    all of them and nothing the side stream uses is freed or reused early; in a CUDA-graph capture the side stream
+    forks from and joins the captured one."""
     if len(windows) == 1 or dev.type != "cuda":
         for lo, hi in windows:
             first(lo, hi)
