@@ -115,9 +115,10 @@ def sync() -> None:
 
 def profile(fn, reps: int = 5) -> tuple[float, dict[str, float], float]:
     """(kernel time per call, per kernel, device time per call) in us, from torch.profiler over `reps` calls.
-    Device time: the union of the kernels' intervals on the device (their sum where the events carry no times). With programmatic dependent launch (plugins/pdl.py) a
-    kernel starts while the one before it runs and waits inside, so kernel times overlap and their sum counts the
-    overlap twice; the union counts the time the device has a step's kernel running once."""
+    Device time: the union of the kernels' intervals on the device (their sum where the events carry no times).
+    With programmatic dependent launch (plugins/pdl.py) a kernel starts while the one before it runs and waits
+    inside, so kernel times overlap and their sum counts the overlap twice; the union counts the time the device has
+    a step's kernel running once."""
     from torch.profiler import ProfilerActivity, profile as prof_
 
     fn()
