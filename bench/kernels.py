@@ -340,6 +340,7 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(x for x in SECTIONS if x != "sweep"),
                     help=f"comma-separated subset of {SECTIONS} (default: all but the sweep), or 'round2' for "
                          f"{ROUND2}")
+    ap.add_argument("--pipe-match", default="", help="prefill-pipe: only the variants whose name holds this text")
     ap.add_argument("--prefill-T", default="4096,16384,65536",
                     help="single-sequence prefill lengths of the prefill section (varlen 16 x 1024 always runs)")
     args = ap.parse_args()
@@ -371,7 +372,7 @@ def main() -> None:
         if "prefill-var" in only:
             variants.prefill_variants(b)
         if "prefill-pipe" in only:
-            variants.pipe_variants(b, [int(t) for t in args.prefill_T.split(",")])
+            variants.pipe_variants(b, [int(t) for t in args.prefill_T.split(",")], args.pipe_match)
         if "solve-probe" in only:
             variants.solve_probe(b)
         if "conv" in only:

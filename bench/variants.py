@@ -222,6 +222,12 @@ PIPE_VARIANTS = [
     ("windows of 128, out_warps=8", dict(state_pipe=4, state_pipe_chunks=128, out_warps=8)),
     ("state_pipe=3, windows of 64", dict(state_pipe=3, state_pipe_chunks=64)),
     ("state_bv=16, one launch of each pass", dict(state_pipe=1, state_bv=16)),
+    # deeper or shallower prefetch in the state pass's chunk loop: under the other passes' traffic its loads wait
+    # longer, which more stages in flight could hide (each stage holds the chunk's w, k and u tiles in shared memory)
+    ("windows of 128, state_stages=2", dict(state_pipe=4, state_pipe_chunks=128, state_stages=2)),
+    ("windows of 128, state_stages=4", dict(state_pipe=4, state_pipe_chunks=128, state_stages=4)),
+    ("windows of 128, state_stages=5", dict(state_pipe=4, state_pipe_chunks=128, state_stages=5)),
+    ("one launch of each pass, state_stages=4", dict(state_pipe=1, state_stages=4)),
 ]
 PIPE_MANY_VARIANTS = [("state_pipe_many=2", dict(state_pipe_many=2)), ("state_pipe_many=4", dict(state_pipe_many=4))]
 
@@ -232,12 +238,15 @@ def prefill_variants(b) -> None:
             b.chunked(lengths, replace(b.gdn, **change), name, fla=False)["section"] = "prefill-var"
 
 
-def pipe_variants(b, single: list[int]) -> None:
+def pipe_variants(b, single: list[int], match: str = "") -> None:
     """The pipeline variants at each single-sequence length (with the default beside them where the
-    prefill-var section does not time it) and the many-sequence pipeline at 16 x 1024."""
+    prefill-var section does not time it) and the many-sequence pipeline at 16 x 1024; `match`: only the variants
+    whose name holds that text (the default rows stay)."""
     runs = [([T], name, change) for T in single for name, change in [("Tuning", {})] * (T != 16384) + PIPE_VARIANTS]
-    for lengths, name, change in runs + [([1024] * 16, name, change) for name, change in PIPE_MANY_VARIANTS]:
-        b.chunked(lengths, replace(b.gdn, **change), name, fla=False)["section"] = "prefill-var"
+    runs += [([1024] * 16, name, change) for name, change in PIPE_MANY_VARIANTS]
+    for lengths, name, change in runs:
+        if name == "Tuning" or match in name:
+            b.chunked(lengths, replace(b.gdn, **change), name, fla=False)["section"] = "prefill-var"
 
 
 def warm_prefill(fla: bool) -> None:
