@@ -118,7 +118,7 @@ def sweep(ops: dict[str, Operands], deadline: float, t0: float, buckets=M_BUCKET
             rows.append({"M": M, "shape": s, "config": "cuBLAS", "us": cub, "TBps": o.bytes(M) / cub / 1e6})
             best = None
             for cfg in candidates(M, s):
-                programs = gemm.row_tiles(cfg, o.N)[0] * -(-M // (cfg.bm if cfg.dot else M)) * cfg.split
+                programs = gemm.tiles(cfg, M, o.N) * cfg.split
                 row = {"M": M, "shape": s, "config": str(cfg), "programs": programs,
                        "cfg": [cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.warps, cfg.dot, cfg.split, cfg.spread]}
                 if time.perf_counter() - t0 > deadline:

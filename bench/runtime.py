@@ -66,7 +66,6 @@ STACK = ("linear_attention",) * 4
 CASES = {f"decode {n}": ("decode", [1] * n) for n in NS}
 CASES.update({"verify 64x4": ("verify", [4] * 64), "prefill 4096": ("prefill", [4096]),
               "varlen 16x1024": ("prefill", [1024] * 16)})
-CATS = ("gemm", "gdn", "conv", "glue")
 
 
 def configs(smoke: bool = False) -> dict[str, GdnConfig]:
@@ -141,23 +140,28 @@ def profile(fn, reps: int = 5) -> tuple[float, dict[str, float], float]:
         if t > 0 and ev.key and not ev.key.startswith(("cudaLaunch", "cudaStream", "ProfilerStep", "cudaGraph")):
             per[ev.key] = per.get(ev.key, 0.0) + t / reps
     total = sum(per.values())
-    return total, per, _busy_us(prof) / reps or total
-
-
-def _busy_us(prof) -> float:
-    """Union of the device events' intervals in a profile (us); 0 where the profiler's events carry no times."""
     try:
-        spans = sorted((e.start_ns(), e.end_ns()) for e in prof.profiler.kineto_results.events()
-                       if e.device_type() != torch.autograd.DeviceType.CPU and e.end_ns() > e.start_ns())
-    except AttributeError:
-        return 0.0
+        busy = union_ns(device_spans(prof)) / 1e3 / reps
+    except AttributeError:  # the profiler's events carry no times
+        busy = 0.0
+    return total, per, busy or total
+
+
+def device_spans(prof) -> list[tuple[int, int, str]]:
+    """(start ns, end ns, name) of the device events of a profile, in start order."""
+    return sorted((e.start_ns(), e.end_ns(), e.name()) for e in prof.profiler.kineto_results.events()
+                  if e.device_type() != torch.autograd.DeviceType.CPU and e.end_ns() > e.start_ns())
+
+
+def union_ns(spans: list[tuple[int, int, str]]) -> int:
+    """The length of the union of sorted spans' intervals (ns)."""
     busy, end = 0, None
-    for a, b in spans:
+    for a, b, _ in spans:
         if end is None or a > end:
             busy, end = busy + b - a, b
         elif b > end:
             busy, end = busy + b - end, b
-    return busy / 1e3
+    return busy
 
 
 IDLE_CALLS = 100  # 10 before 2026-12-03: the medians of two runs then differed by up to 20 us (host jitter)
@@ -270,6 +274,11 @@ def _api(stack: str) -> str:
     return stack if stack in ("dict", "static") else "batched"
 
 
+def _built(stack: str) -> str:
+    """The stack whose session a row runs on: dict and static rows reuse ours."""
+    return "ours" if stack in ("dict", "static") else stack
+
+
 def time_ours(o: Ours, stack: str, case: str, steps: int) -> Row:
     """The row's host, wall and replay figures (the timing pass: no profiler has run in this process yet)."""
     kind, lengths = CASES[case]
@@ -292,9 +301,7 @@ def time_ours(o: Ours, stack: str, case: str, steps: int) -> Row:
 def profile_ours(o: Ours, row: Row) -> None:
     """The row's device time and kernel categories (the profiling pass, on a session built afresh)."""
     kind, lengths = CASES[row.case]
-    fn = o.step_fn(kind, lengths, _api(row.stack))
-    fn()
-    row.kernel_sum_us, kernels, row.device_us = profile(fn)
+    row.kernel_sum_us, kernels, row.device_us = profile(o.step_fn(kind, lengths, _api(row.stack)))
     categorize(row, kernels)
     if row.device_us == 0.0 and row.replay_us:  # the profiler saw no kernel inside the graphs: their replay stands
         row.device_us = row.replay_us
@@ -380,10 +387,6 @@ def _over_floor(r: dict) -> str:
     """Where a step's device time goes past its floor: the GDN kernels against the state's term of the floor, the
     GEMMs against the weights' term, and the conv and glue kernels, which have almost no floor of their own. These
     are kernel sums: with PDL they overlap (kernel_sum - device) and a waiting kernel's interval counts its wait."""
-    if r.get("state_floor_us") is None:  # rows of results written before the floor was split
-        cats = {c: r[f"{c}_us"] for c in CATS}
-        c = max(cats, key=cats.get)
-        return f"{c} {cats[c]:.0f} us of {r['device_us']:.0f} ({cats[c] / max(r['device_us'], 1e-9):.0%})"
     return (f"GDN {r['gdn_us']:.0f} us against the state's {r['state_floor_us']:.0f} us at the copy rate "
             f"({r['gdn_us'] / r['state_floor_us']:.2f}x), GEMMs {r['gemm_us']:.0f} against the weights' "
             f"{r['weights_floor_us']:.0f} us ({r['gemm_us'] / r['weights_floor_us']:.2f}x), conv + glue "
@@ -532,15 +535,15 @@ def main() -> None:
         meta = {"date": time.strftime("%Y-%m-%d"), "smoke": "CPU, tiny shapes: no figure here means anything"}
     else:
         meta = device_info()
+    cfgs = configs(args.smoke)
     meta.update({"activations": "bfloat16", "state": "float32", "steps": args.steps,
-                 "configs": {k: c.name for k, c in configs(args.smoke).items()}})
+                 "configs": {k: c.name for k, c in cfgs.items()}})
     rows: dict[tuple[str, str], Row] = {}
     skipped: list[str] = []
     bw = {"best": 1e11}  # the copy rate stands in at 100 GB/s on the CPU (--smoke)
     try:
         bw = copy_bandwidth() if DEV == "cuda" else bw
         meta.update({f"copy_{k}": round(v, 3) for k, v in bw.items() if k != "best"})
-        cfgs = configs(args.smoke)
         # two passes, each under --deadline: every row's host and wall figures first, then every row's device time.
         # Once torch.profiler has run in a process, CUPTI stays attached (torch keeps it for CUDA graphs) and every
         # later launch pays for it: a step's enqueue in place went 16.4 / 28.5 / 25.9 us -> 37.0 / 40.7 / 45.6 us
@@ -556,7 +559,7 @@ def main() -> None:
                     skipped.append(f"{stack} {case}: deadline of the {'timing' if timing else 'profiling'} pass")
                     continue
                 try:
-                    key = "ours" if stack in ("dict", "static") else stack
+                    key = _built(stack)
                     if key not in made:  # the session of "ours" is rebuilt after the PLE pair (fresh pools)
                         made.clear()  # one stack's buffers at a time
                         if DEV == "cuda":
@@ -590,9 +593,9 @@ def main() -> None:
         meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
         if skipped:
             meta["skipped"] = skipped
-        cfgs = configs(args.smoke)
-        out = [asdict(r.finish(bw["best"], _floor(cfgs["ours" if r.stack in ("hf", "dict", "static") else r.stack],
-                                                  r.case))) for r in rows.values()]
+        # hf rows: the peer on the shapes of ours
+        out = [asdict(r.finish(bw["best"], _floor(cfgs["ours" if r.stack == "hf" else _built(r.stack)], r.case)))
+               for r in rows.values()]
         paths = write_results("runtime", out, meta, COLUMNS, plot, args.out, notes=reading(out))
         print("wrote", *paths, flush=True)
 

@@ -32,8 +32,7 @@ def trace(fn) -> list[tuple[int, int, str]]:
         for _ in range(REPS):
             fn()
         rb.sync()
-    evs = sorted((e.start_ns(), e.end_ns(), e.name()) for e in prof.profiler.kineto_results.events()
-                 if e.device_type() != rb.torch.autograd.DeviceType.CPU and e.end_ns() > e.start_ns())
+    evs = rb.device_spans(prof)
     per = len(evs) // REPS
     if per * REPS != len(evs):
         raise RuntimeError(f"{len(evs)} kernels in {REPS} steps: the steps launch different kernels")
@@ -41,14 +40,13 @@ def trace(fn) -> list[tuple[int, int, str]]:
 
 
 def rows_for(n: int, evs: list[tuple[int, int, str]]) -> list[dict]:
-    t0, end, busy, rows = evs[0][0], None, 0, []
+    t0, end, rows = evs[0][0], None, []
     for a, b, name in evs:
         gap = None if end is None else (a - end) / 1e3
-        busy += b - a if end is None or a > end else max(0, b - end)
         end = b if end is None else max(end, b)
         rows.append({"n": n, "kernel": name[:90], "start_us": round((a - t0) / 1e3, 2), "us": round((b - a) / 1e3, 2),
                      "gap_us": None if gap is None else round(gap, 2)})
-    rows.append({"n": n, "kernel": f"step: span {(end - t0) / 1e3:.1f} us, union {busy / 1e3:.1f} us, sum "
+    rows.append({"n": n, "kernel": f"step: span {(end - t0) / 1e3:.1f} us, union {rb.union_ns(evs) / 1e3:.1f} us, sum "
                  f"{sum(b - a for a, b, _ in evs) / 1e3:.1f} us, {len(evs)} kernels"})
     return rows
 

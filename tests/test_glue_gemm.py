@@ -113,11 +113,14 @@ if not INSIDE:
         new = gemm._new
         monkeypatch.setattr(gemm, "_new", lambda *a: new(*a).fill_(float("nan")))
 
+    def _bm(M: int) -> int:
+        return max(16, 1 << (M - 1).bit_length())  # tl.dot's 16 rows at least, else the next power of two
+
     def _split_cfg(name: str, M: int):
         """A split-K launch for a real shape (out_proj: 32 N-tiles of 64 rows x 8 K-slices; in_proj: 4 slices)."""
         from gdn_trt.plugins.glue import gemm
 
-        bm = max(16, 1 << (M - 1).bit_length())
+        bm = _bm(M)
         return gemm.Config(bm, 64, 128, 4, 4, split=8) if name == "out_proj" else gemm.Config(bm, 128, 64, 4, 4,
                                                                                             split=4)
 
@@ -125,7 +128,7 @@ if not INSIDE:
         """Row ranges for a real shape (in_proj: 132 programs of 93-94 rows; out_proj: 264 of 7-8 rows x 2 slices)."""
         from gdn_trt.plugins.glue import gemm
 
-        bm = max(16, 1 << (M - 1).bit_length())
+        bm = _bm(M)
         return gemm.Config(bm, 16, 128, 4, 4, split=2, spread=2) if name == "out_proj" else \
             gemm.Config(bm, 16, 64, 4, 4, spread=1)
 

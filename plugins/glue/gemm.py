@@ -135,10 +135,19 @@ def row_tiles(cfg: Config, n: int) -> tuple[int, int]:
     return programs, max(cfg.bn, triton.next_power_of_2(-(-n // programs)))
 
 
+def _bm(cfg: Config, m: int) -> int:
+    """The token rows of a program: BM, or in the FMA form M itself up to BM."""
+    return cfg.bm if cfg.dot else min(cfg.bm, triton.next_power_of_2(m))
+
+
+def tiles(cfg: Config, m: int, n: int) -> int:
+    """Output tiles (programs along N x along M) of an m x n output under `cfg`; the launch has split x as many."""
+    return row_tiles(cfg, n)[0] * -(-m // _bm(cfg, m))
+
+
 def fit(cfg: Config, m: int, n: int) -> Config:
     """`cfg` with its split cut so that the N-tiles x M-tiles x split programs of an m x n output are at most SMS."""
-    tiles = row_tiles(cfg, n)[0] * -(-m // (cfg.bm if cfg.dot else min(cfg.bm, triton.next_power_of_2(m))))
-    split = max(1, min(cfg.split, SMS // tiles))
+    split = max(1, min(cfg.split, SMS // tiles(cfg, m, n)))
     return cfg if split == cfg.split else replace(cfg, split=split)
 
 
@@ -271,7 +280,7 @@ def launch(x: Tensor, w: Tensor, cfg: Config) -> Tensor:
         return y
     if K == 0:
         return y.zero_()
-    bm = cfg.bm if cfg.dot else min(cfg.bm, triton.next_power_of_2(M))
+    bm = _bm(cfg, M)
     k_slice = triton.cdiv(triton.cdiv(K, cfg.split), cfg.bk) * cfg.bk  # whole BK steps; only the last may be short
     split = triton.cdiv(K, k_slice)  # non-empty slices
     n_programs, bn = row_tiles(cfg, N)
