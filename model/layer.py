@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gdn_trt.plugins import l2
 from gdn_trt.plugins.causal_conv1d import op as conv_op
 from gdn_trt.plugins.causal_conv1d.io import ConvParams
 from gdn_trt.plugins.gated_delta_rule import op as gdn_op
@@ -330,18 +329,11 @@ class GdnLayer(nn.Module):
         qkv = io.conv("conv", qkv, ConvParams(m.conv, 1, Activation.SILU))
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)
-        if fused:  # the out_proj weight goes to L2 in the decode kernel's tail (plugins/l2.py)
-            with l2.warm(m.out_proj):
-                o = io.gdn(x)
-        else:
-            o = io.gdn(x)
-        last = self.mlp is None if last is None else last
-        z = z.reshape(T, HV, V)
-        if fused and not self._by_proj[Proj.OUT_PROJ]:  # no adapter reads the normed o: the GEMM may norm it
-            return self._reduce(glue.gated_norm_linear(o, z, m.norm, cfg.rms_norm_eps, cfg.output_gate_type,
-                                                       m.out_proj), last)
+        o = io.gdn(x)
         norm = glue.gated_rms_norm if fused else gated_rms_norm
-        o = norm(o, z, m.norm, cfg.rms_norm_eps, cfg.output_gate_type).reshape(T, cfg.value_dim)
+        o = norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
+        o = o.reshape(T, cfg.value_dim)
+        last = self.mlp is None if last is None else last
         return self._reduce(io.adapt(_linear(o, m.out_proj, fused), o, self._by_proj[Proj.OUT_PROJ]), last)
 
     def _mlp(self, h: Tensor, io: _Io, fused: bool) -> Tensor:

@@ -26,7 +26,7 @@ import triton
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .. import l2, pdl
+from .. import pdl
 from ..packing import Capture, Packing
 from .io import GdnInputs
 from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_state_kernel
@@ -58,9 +58,6 @@ class Tuning:
     # flight (H200, 2026-12-03-kernels-variants.md). 0: one tile. Timed slower: the best sub-tiling (128 x 4 warps,
     # 32-wide, 3 stages) 77.2 / 292.2 us against the tile's 76.8 / 283.7 at N = 64 / 256 (2026-12-03-kernels-round2.md).
     rec_sub: int = 0
-    # L2 warm-up (plugins/l2.py): the share of the recurrent kernel's programs, the last in launch order, that
-    # prefetch the weight of the projection after it into L2 (0: none)
-    rec_l2_tail: float = 0.5
     rec_sub_stages: int = 3
     # The state tile loaded and stored by the Hopper tensor-memory accelerator (TMA: one bulk copy per tile through
     # shared memory, from a host-side descriptor of the pool as [S * HV, K, V]; the slot picks the row), in one
@@ -272,15 +269,6 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
             KH=tuning.rec_persist_kh and BK >= 2, PAIRS=tuning.rec_persist_pairs and _word_pairs(q, k, v, a, b, BK),
             num_warps=warps)
         return o
-    warm = l2.target(q.device) if ssm_stash is None and tuning.rec_l2_tail > 0 else None
-    if warm is not None:
-        programs = NV * HV * N
-        share = max(1, min(programs, round(programs * tuning.rec_l2_tail)))
-        nbytes = warm.numel() * warm.element_size()
-        chunk = triton.cdiv(triton.cdiv(nbytes, share), 16) * 16
-        extra = dict(l2=warm, l2_bytes=nbytes, l2_chunk=chunk, l2_from=programs - share, L2=True)
-    else:
-        extra = {}
     if tma and _has_tma(ssm_pool.device) and V % 4 == 0 and ssm_pool.data_ptr() % 16 == 0:
         pool = TensorDescriptor(ssm_pool.view(-1, K, V), [ssm_pool.numel() // (K * V), K, V], [K * V, V, 1],
                                 [1, BK, sub or BV])
@@ -292,7 +280,7 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         AHEAD=0 if pool is not ssm_pool else ahead, Q_AFTER=tuning.rec_q_after,
         CH=tuning.rec_chunk if not few and not sub and pool is ssm_pool and 0 < tuning.rec_chunk < BV else 0,
         num_warps=warps, **pdl.options(q.device),
-        **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}), **extra,
+        **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),
     )
     return o
 

@@ -51,18 +51,6 @@ def prefetch_ahead(pool, slots, i_v, i_hv, i_n, HV: tl.constexpr, K: tl.constexp
 
 
 @triton.jit
-def prefetch_share(l2, l2_bytes, l2_chunk, l2_from, i_v, i_hv, i_n, HV: tl.constexpr):
-    """This program's share of the L2 warm-up of the next projection's weight (plugins/l2.py): the programs from
-    l2_from on in launch order (V-tiles fastest, then value heads, then sequences) prefetch l2_chunk bytes each of
-    the l2_bytes at l2, in order (the last share the rest)."""
-    p = (i_n * HV + i_hv) * tl.num_programs(0) + i_v - l2_from
-    if p >= 0:
-        off = p.to(tl.int64) * l2_chunk
-        if off < l2_bytes:
-            prefetch_l2(l2.to(tl.pointer_type(tl.int8)) + off, tl.minimum(l2_chunk, l2_bytes - off).to(tl.int32))
-
-
-@triton.jit
 def one_token_subtiles(p_q, p_k, p_v, p_a, p_b, p_o, pool, row, p_s, p_A, p_dt, scale, i_v, o_k, m_k,
                        K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SUB: tl.constexpr,
                        STAGES: tl.constexpr, STASH: tl.constexpr, TMA: tl.constexpr, LOAD_HINT: tl.constexpr,
@@ -195,7 +183,6 @@ def gdn_recurrent_kernel(
     BK: tl.constexpr, BV: tl.constexpr, STASH: tl.constexpr, STREAM: tl.constexpr,
     SUB: tl.constexpr = 0, SUB_STAGES: tl.constexpr = 3, TMA: tl.constexpr = False, AHEAD: tl.constexpr = 0,
     Q_AFTER: tl.constexpr = False, CH: tl.constexpr = 0, PDL: tl.constexpr = False,
-    l2=None, l2_bytes=0, l2_chunk=0, l2_from=0, L2: tl.constexpr = False,  # L2 warm-up (prefetch_share)
 ):
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -278,8 +265,6 @@ def gdn_recurrent_kernel(
             b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
             if AHEAD > 0:
                 prefetch_ahead(pool - (slot * HV + i_hv) * K * V - i_v * BV, slots, i_v, i_hv, i_n, HV, K, V, AHEAD)
-        if L2:
-            prefetch_share(l2, l2_bytes, l2_chunk, l2_from, i_v, i_hv, i_n, HV)
         # with PDL the tile is loaded while the previous kernel (the layer's conv) still runs: it wrote neither the
         # pool nor the packing (plugins/pdl.py); q, k, v, a, b are its output and come after the wait
         pdl.enter(PDL)

@@ -35,7 +35,6 @@ interpreter tests).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import torch
 import triton
@@ -181,32 +180,14 @@ def _workspace(device: torch.device, tiles: int, split: int, tile: int) -> tuple
 
 
 @triton.jit
-def gated_norm(b_o, b_z, b_w, eps, dt: tl.constexpr, V: tl.constexpr, AXIS: tl.constexpr, SILU: tl.constexpr):
-    """The GDN output's gated RMSNorm, (w * RMSNorm(o)) * act(z), of value-head rows: b_o, b_z fp32 tiles whose
-    axis AXIS holds the V channels of a head (masked channels 0), b_w [V] fp32; the result in dt, rounded to dt
-    where the torch code rounds (after the norm, after the weight). `gated_norm_kernel` (rows x channels) and the GEMM
-    below (its x tile, channels x tokens) both compute it here, so the two give the same values."""
-    b_y = (b_o * tl.expand_dims(tl.rsqrt(tl.sum(b_o * b_o, AXIS) / V + eps), AXIS)).to(dt)
-    b_y = (tl.expand_dims(b_w, 1 - AXIS) * b_y.to(tl.float32)).to(dt)
-    if SILU:
-        b_g = b_z * tl.sigmoid(b_z)
-    else:
-        b_g = tl.sigmoid(b_z)
-    return (b_y.to(tl.float32) * b_g).to(dt)
-
-
-@triton.jit
 def gemm_kernel(
     x, w, y, ws, cnt,  # x [M, K] with row stride s_x; w [N, K] contiguous; y [M, N] contiguous; ws, cnt: _workspace
     M, N, K, s_x, k_slice,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, SPLIT: tl.constexpr, SPREAD: tl.constexpr = False, PDL: tl.constexpr = False,
-    z=None, gw=None, s_z=0, eps=0.0, GATE: tl.constexpr = 0,  # the gated norm of x (`Gate`): 1 silu, 2 sigmoid
 ):
     """Program (i_n, i_m, i_s): y[i_m*BM : +BM, i_n*BN : +BN] over K[i_s*k_slice : +k_slice] (k_slice: BK steps);
-    SPREAD: rows [i_n N / P, (i_n + 1) N / P) of the P = programs along N instead of i_n*BN : +BN.
-    GATE: x is the GDN output [M, HV * V] with BK = V, and each x tile (one value head of BM tokens) goes through
-    `gated_norm` with z [M, HV * V] (row stride s_z) and the norm weight gw [V] before its product (dot form, EVEN_K)."""
+    SPREAD: rows [i_n N / P, (i_n + 1) N / P) of the P = programs along N instead of i_n*BN : +BN."""
     dt = y.dtype.element_ty
     i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if SPLIT:
@@ -233,9 +214,6 @@ def gemm_kernel(
     if DOT:
         p_w = w + r_n[:, None] * K + o_k[None, :]  # [BN, BK]
         p_x = x + o_m[None, :].to(tl.int64) * s_x + o_k[:, None]  # [BK, BM]
-        if GATE:
-            p_z = z + o_m[None, :].to(tl.int64) * s_z + o_k[:, None]
-            b_gw = tl.load(gw + tl.arange(0, BK)).to(tl.float32)
         acc = tl.zeros([BN, BM], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             if EVEN_K:
@@ -244,10 +222,6 @@ def gemm_kernel(
                 else:
                     b_w = tl.load(p_w)
                 b_x = tl.load(p_x, mask=m_m[None, :], other=0.0)
-                if GATE:
-                    b_z = tl.load(p_z, mask=m_m[None, :], other=0.0).to(tl.float32)
-                    b_x = gated_norm(b_x.to(tl.float32), b_z, b_gw, eps, dt, BK, 0, GATE == 1)
-                    p_z += BK
             else:
                 m_k = k0 - k_lo + o_k < K
                 if SPREAD:
@@ -296,25 +270,8 @@ def gemm_kernel(
         tl.store(p_y, acc.to(dt), mask=m_y)
 
 
-class Gate(NamedTuple):
-    """The gated RMSNorm that `launch` applies to x first: x is the GDN output [M, HV * V], z [M, HV * V] (unit stride
-    along the row), w [V] the norm weight, act "silu" or "sigmoid" (`op.gated_rms_norm`'s arguments)."""
-
-    z: Tensor
-    w: Tensor
-    eps: float
-    act: str
-
-
-def takes_gate(cfg: Config, v: int, k: int) -> bool:
-    """Whether launch `cfg` can apply the gated norm of V = v channels per head to a K = k wide x: one head per K
-    step (dot form, BK = V), whole heads per K step throughout."""
-    return cfg.dot and cfg.bk == v and k % v == 0
-
-
-def launch(x: Tensor, w: Tensor, cfg: Config, gate: Gate | None = None) -> Tensor:
-    """x [M, K] (unit stride along K), w [N, K] contiguous -> y [M, N] in x's dtype, with launch `cfg`; with `gate`,
-    y = gated_norm(x) w^T (`Gate`, where `takes_gate`)."""
+def launch(x: Tensor, w: Tensor, cfg: Config) -> Tensor:
+    """x [M, K] (unit stride along K), w [N, K] contiguous -> y [M, N] in x's dtype, with launch `cfg`."""
     cfg.check()
     M, K = x.shape
     N = w.shape[0]
@@ -331,15 +288,9 @@ def launch(x: Tensor, w: Tensor, cfg: Config, gate: Gate | None = None) -> Tenso
     ws = cnt = y
     if split > 1:
         ws, cnt = _workspace(x.device, grid[0] * grid[1], split, bn * bm)
-    extra = {}
-    if gate is not None:
-        if not takes_gate(cfg, gate.w.shape[0], K):
-            raise ValueError(f"{cfg} cannot apply the gated norm of {gate.w.shape[0]}-channel heads to K = {K}")
-        extra = dict(z=gate.z, gw=gate.w, s_z=gate.z.stride(0), eps=gate.eps, GATE=1 if gate.act == "silu" else 2)
     gemm_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), k_slice, BM=bm, BN=bn, BK=cfg.bk,
                       EVEN_K=K % cfg.bk == 0, DOT=cfg.dot, IEEE=x.dtype == torch.float32, SPLIT=split > 1,
-                      SPREAD=cfg.spread > 0, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.options(x.device),
-                      **extra)
+                      SPREAD=cfg.spread > 0, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.options(x.device))
     return y
 
 

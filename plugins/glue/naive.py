@@ -57,12 +57,6 @@ def gated_rms_norm(o: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Ten
     return (y * (F.silu(zf) if act == "silu" else torch.sigmoid(zf))).to(o.dtype)
 
 
-def gated_norm_linear(o: Tensor, z: Tensor, wn: Tensor, eps: float, act: str, w: Tensor) -> Tensor:
-    """out_proj of the GDN output norm: `linear`(`gated_rms_norm`(o, z, wn, eps, act) as [T, HV * V], w [N, HV * V])
-    -> [T, N]."""
-    return linear(gated_rms_norm(o, z, wn, eps, act).reshape(o.shape[0], -1), w)
-
-
 def silu_mul(gu: Tensor) -> Tensor:
     """SwiGLU: gu [T, 2I] = [gate | up] -> silu(gate) * up [T, I]."""
     gate, up = gu.to(compute_dtype(gu.dtype)).chunk(2, dim=-1)

@@ -72,7 +72,8 @@ def hc_norm(x: Tensor, adds: Sequence[Tensor], w: Tensor, inject: Tensor, eps: f
     return _impl(x).hc_norm(x, tuple(adds), w, inject, eps)
 
 
-def _check_gated(o: Tensor, z: Tensor, w: Tensor, act: str) -> None:
+def gated_rms_norm(o: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Tensor:
+    """w * RMSNorm(o) * act(z) per value head; o, z [T, HV, V] (z may be a strided view), w [V]."""
     if o.dim() != 3 or z.shape != o.shape or z.stride(2) != 1:
         raise ValueError(f"o and z must be [T, HV, V] (z with unit stride along V), got {tuple(o.shape)}, "
                          f"{tuple(z.shape)} strides {z.stride()}")
@@ -80,28 +81,7 @@ def _check_gated(o: Tensor, z: Tensor, w: Tensor, act: str) -> None:
         raise ValueError(f"act must be silu or sigmoid, got {act!r}")
     check_vector("gated norm weight", w, o.shape[2])
     check_same(o, z)
-
-
-def gated_rms_norm(o: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Tensor:
-    """w * RMSNorm(o) * act(z) per value head; o, z [T, HV, V] (z may be a strided view), w [V]."""
-    _check_gated(o, z, w, act)
     return _impl(o).gated_rms_norm(o, z, w, eps, act)
-
-
-def gated_norm_linear(o: Tensor, z: Tensor, wn: Tensor, eps: float, act: str, w: Tensor) -> Tensor:
-    """`linear`(`gated_rms_norm`(o, z, wn, eps, act) as [T, HV * V], w [N, HV * V]) -> [T, N]: the GDN output's
-    norm and out_proj. Where `linear` would run the skinny GEMM and its launch takes whole heads per K step
-    (`gemm.takes_gate`), the norm runs inside the GEMM's x loads (one launch, the normed o never stored); the
-    values are those of the two calls (the same arithmetic, `gemm.gated_norm`), up to the order of the norm's sum."""
-    _check_gated(o, z, wn, act)
-    T, HV, V = o.shape
-    if w.dim() != 2 or w.shape[1] != HV * V:
-        raise ValueError(f"the projection weight must be [N, {HV * V}], got {tuple(w.shape)}")
-    if o.is_cuda and z.stride(1) == V and _skinny(o.reshape(T, HV * V), w):
-        impl = _impl(o)
-        if impl.gemm.takes_gate(impl.gemm.config_for(T, w.shape[0]), V, HV * V):
-            return impl.gated_norm_linear(o.contiguous(), z, wn, eps, act, w)
-    return linear(gated_rms_norm(o, z, wn, eps, act).reshape(T, HV * V), w)
 
 
 def silu_mul(gu: Tensor) -> Tensor:
@@ -161,15 +141,10 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
     (bf16 or fp16, N >= GEMM_MIN_N, K >= GEMM_MIN_K, x unit-strided along K, w contiguous) whose launch in
     `gemm.TABLE` beat cuBLAS runs the skinny Triton GEMM (gemm.py); every other call, the CPU and fp32 ones
     included, is F.linear exactly as before."""
-    if _skinny(x, w):
-        return _impl(x).linear(x, w)
-    return F.linear(x, w)
-
-
-def _skinny(x: Tensor, w: Tensor) -> bool:
-    """Whether `linear` sends x w^T to the skinny Triton GEMM (see there)."""
     if (x.is_cuda and x.dtype in _GEMM_DTYPES and x.dim() == 2 and w.dim() == 2 and w.dtype == x.dtype
             and w.device == x.device and w.shape[0] >= GEMM_MIN_N and x.shape[1] == w.shape[1] >= GEMM_MIN_K
             and x.stride(1) == 1 and w.is_contiguous()):
-        return _impl(x).gemm.dispatched(x.shape[0], w.shape[0])
-    return False
+        impl = _impl(x)
+        if impl.gemm.dispatched(x.shape[0], w.shape[0]):
+            return impl.linear(x, w)
+    return F.linear(x, w)

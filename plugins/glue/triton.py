@@ -36,7 +36,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import pdl
-from . import gemm
+from . import gemm  # noqa: F401 (op.linear asks gemm.dispatched)
 from .gemm import linear  # noqa: F401 (the Triton entry of naive.linear)
 from .io import PleNorms
 
@@ -126,7 +126,13 @@ def gated_norm_kernel(
     b_o = tl.load(o + o_r[:, None] * V + o_v[None, :], mask=m, other=0.0).to(tl.float32)
     b_z = tl.load(z + i_t[:, None] * s_zt + i_h[:, None] * s_zh + o_v[None, :], mask=m, other=0.0).to(tl.float32)
     b_w = tl.load(w + o_v, mask=m_v, other=0.0).to(tl.float32)
-    tl.store(y + o_r[:, None] * V + o_v[None, :], gemm.gated_norm(b_o, b_z, b_w, eps, dt, V, 1, SILU), mask=m)
+    b_y = (b_o * tl.rsqrt(tl.sum(b_o * b_o, 1) / V + eps)[:, None]).to(dt)
+    b_y = (b_w[None, :] * b_y.to(tl.float32)).to(dt)
+    if SILU:
+        b_g = b_z * tl.sigmoid(b_z)
+    else:
+        b_g = tl.sigmoid(b_z)
+    tl.store(y + o_r[:, None] * V + o_v[None, :], (b_y.to(tl.float32) * b_g).to(dt), mask=m)
 
 
 @triton.jit
@@ -263,14 +269,6 @@ def gated_rms_norm(o: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Ten
             o, z, w, y, R, z.stride(0), z.stride(1), eps, HV=HV, V=V, BV=BV, BR=BR, SILU=act == "silu",
             num_warps=TUNING.warps, **pdl.options(o.device))
     return y
-
-
-def gated_norm_linear(o: Tensor, z: Tensor, wn: Tensor, eps: float, act: str, w: Tensor) -> Tensor:
-    """out_proj of the gated norm in one launch: the skinny GEMM normalises each x tile (one value head) as it
-    loads it (`gemm.Gate`; the caller, op.gated_norm_linear, checked that the table's launch takes it)."""
-    T, HV, V = o.shape
-    return gemm.launch(o.reshape(T, HV * V), w, gemm.config_for(T, w.shape[0]),
-                       gemm.Gate(z.reshape(T, HV * V), wn, eps, act))
 
 
 def _silu(x: Tensor, cols: int, n: int, gated: bool) -> Tensor:
