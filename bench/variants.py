@@ -228,11 +228,6 @@ PIPE_VARIANTS = [
     ("windows of 128, state_stages=4", dict(state_pipe=4, state_pipe_chunks=128, state_stages=4)),
     ("windows of 128, state_stages=5", dict(state_pipe=4, state_pipe_chunks=128, state_stages=5)),
     ("one launch of each pass, state_stages=4", dict(state_pipe=1, state_stages=4)),
-    # the solve and w/u once for all windows, so only the output passes overlap the state passes
-    ("first once, state_pipe=2, windows of 16", dict(state_pipe=2, state_pipe_chunks=16, state_pipe_first=True)),
-    ("first once, state_pipe=4, windows of 16", dict(state_pipe=4, state_pipe_chunks=16, state_pipe_first=True)),
-    ("first once, state_pipe=8, windows of 8", dict(state_pipe=8, state_pipe_chunks=8, state_pipe_first=True)),
-    ("first once, state_pipe=4, windows of 128", dict(state_pipe=4, state_pipe_chunks=128, state_pipe_first=True)),
 ]
 PIPE_MANY_VARIANTS = [("state_pipe_many=2", dict(state_pipe_many=2)), ("state_pipe_many=4", dict(state_pipe_many=4))]
 

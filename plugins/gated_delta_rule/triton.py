@@ -175,9 +175,6 @@ class Tuning:
     state_pipe_many: int = 1
     state_pipe_chunks: int = 128
     state_pipe_high: bool = True
-    # True: the solve and w/u of every window in one launch before the pipeline, so only the output passes run beside
-    # the state passes (the chunk-parallel pass that overlaps the chain is the lighter one)
-    state_pipe_first: bool = False
     out_bv: int = 128
     out_warps: int = 4
     # 1 / |q| per row computed in pass 1 (from q loads beside its k loads, off the solve's dependent chain) and
@@ -368,14 +365,13 @@ def _side_stream(dev: torch.device, high: bool) -> torch.cuda.Stream:
     return torch.cuda.Stream(dev, priority=-1 if high else 0)
 
 
-def _pipeline(windows: list[tuple[int, int]], first, state, out, dev: torch.device, high: bool,
-              first_once: bool = False) -> None:
+def _pipeline(windows: list[tuple[int, int]], first, state, out, dev: torch.device, high: bool) -> None:
     """Run the passes over the windows: `first(lo, hi)` (solve, w/u) and `out(lo, hi)` on the current stream,
     `state(lo, hi)` after its window's first pass and the previous window's state pass, on a side stream where
     there are several windows on a GPU. Every buffer was allocated on the current stream before, and the current
     stream waits for each window's state pass before that window's output pass, so by the return it has waited for
     all of them and nothing the side stream uses is freed or reused early; in a CUDA-graph capture the side stream
-    forks from and joins the captured one. `first_once`: one first pass over every window before the pipeline."""
+    forks from and joins the captured one."""
     if len(windows) == 1 or dev.type != "cuda":
         for lo, hi in windows:
             first(lo, hi)
@@ -385,11 +381,8 @@ def _pipeline(windows: list[tuple[int, int]], first, state, out, dev: torch.devi
         return
     main, side = torch.cuda.current_stream(dev), _side_stream(dev, high)
     done = []
-    if first_once:
-        first(windows[0][0], windows[-1][1])
     for lo, hi in windows:
-        if not first_once:
-            first(lo, hi)
+        first(lo, hi)
         side.wait_stream(main)
         with torch.cuda.stream(side):
             state(lo, hi)
@@ -469,5 +462,5 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
             RQ=tuning.rq_first, c0=lo, num_warps=tuning.out_warps, **meta)
 
     _pipeline(_windows(st.pipe, tuning.state_pipe_chunks, T, n_chunks), first, state, out, dev,
-              tuning.state_pipe_high, tuning.state_pipe_first)
+              tuning.state_pipe_high)
     return o
