@@ -9,7 +9,8 @@ With PDL a kernel is launched while the previous one still runs, as soon as all 
 called `launch_dependents`, and its programs wait at `griddepcontrol.wait` until the previous kernel has completed
 and its writes are visible.
 
-The rule every kernel here keeps (`enter`): the wait comes first, then `launch_dependents`, so at most one kernel
+The rule every kernel here keeps (`enter`, or `wait` then `release` where a kernel triggers later than at its
+start: the skinny GEMM with `gemm.Config.late`): the wait comes first, then `launch_dependents`, so at most one kernel
 runs ahead of the one that is working (a trigger placed before the wait would let a chain of kernels start and hold
 SM slots while they all wait); every store comes after the wait (a kernel that overlaps the previous one must not
 overwrite a buffer that one may still read). Before the wait a kernel may only read what the kernel launched just
@@ -48,6 +49,20 @@ def enter(PDL: tl.constexpr):
     kernel launch (see the module docstring for what may come before this call)."""
     if PDL:
         gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
+def wait(PDL: tl.constexpr):
+    """The wait of `enter` alone: a kernel that lets the next one launch later calls `release` itself."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def release(PDL: tl.constexpr):
+    """The `launch_dependents` of `enter`, after `wait`."""
+    if PDL:
         gdc_launch_dependents()
 
 

@@ -123,16 +123,21 @@ def _resource_usage(cubin: bytes) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def compile_launch(launch: Launch) -> Compiled:
+def compile_kernel(launch: Launch):
+    """The launch compiled for sm_90 (a Triton CompiledKernel: `.asm["ptx"]`, `.asm["cubin"]`, `.metadata`)."""
     signature, constexprs, attrs = _specialize(launch)
     src = ASTSource(launch.fn, signature, constexprs=constexprs, attrs=attrs)
-    t0 = time.perf_counter()
     # fp fusion on: the JIT's default up to Triton 3.9 (the H200 machine runs 3.6); saying so also silences 3.9's
     # warning about the default changing
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages, enable_fp_fusion=True)
     if launch.maxnreg:
         options["maxnreg"] = launch.maxnreg
-    k = triton.compile(src, target=TARGET, options=options)
+    return triton.compile(src, target=TARGET, options=options)
+
+
+def compile_launch(launch: Launch) -> Compiled:
+    t0 = time.perf_counter()
+    k = compile_kernel(launch)
     seconds = time.perf_counter() - t0
     regs, stack = _resource_usage(k.asm["cubin"])
     return Compiled(launch.name, seconds, regs, stack, k.metadata.shared)

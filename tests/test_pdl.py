@@ -62,8 +62,17 @@ def _steps(layer, dtype, plain: bool, graph: bool) -> tuple[list[torch.Tensor], 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("late", [False, True], ids=["gemm-trigger-at-start", "gemm-trigger-late"])
 @pytest.mark.parametrize("case", [("qwen3-next-80b-a3b", 0), ("tiny-4exp", 1)], ids=lambda c: c[0])
-def test_pdl_decode_steps_equal_plain_launches_bit_for_bit(case):
+def test_pdl_decode_steps_equal_plain_launches_bit_for_bit(case, late, monkeypatch):
+    """late: every skinny-GEMM launch with `Config.late` (the next kernel launches after the GEMM's K loop), as the
+    table has it only for some rows."""
+    if late:
+        from dataclasses import replace
+
+        from gdn_trt.plugins.glue import gemm
+
+        monkeypatch.setattr(gemm, "TABLE", tuple(replace(r, cfg=replace(r.cfg, late=True)) for r in gemm.TABLE))
     dev = torch.device("cuda")
     assert not pdl.enabled(dev), "PDL is on only inside pdl.scope()"
     with pdl.scope():
@@ -94,3 +103,25 @@ def test_pdl_is_off_outside_its_scope_and_on_cpus(monkeypatch):
     monkeypatch.setenv("GDN_TRT_PDL", "0")
     with pdl.scope():
         assert not pdl.enabled(torch.device("cuda", 0))  # the A/B switch wins before any CUDA query
+
+
+def test_late_gemm_trigger_compiles_for_sm90_after_the_k_loop():
+    """The table's late-trigger launch (`gemm.Config.late`) with PDL on, compiled for sm_90 as the H200 would
+    (plugins/triton_aot.py): one wait at the start, and the trigger after the K loop's last product, not before."""
+    from dataclasses import replace
+
+    from gdn_trt.plugins import triton_aot
+    from gdn_trt.plugins.glue import gemm
+
+    M, (N, K) = 8, (12352, 2048)
+    cfg = gemm.config_for(M, N)
+    assert cfg.late, "the test expects the table's in_proj row at M = 8 to trigger late"
+    x, w = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16)
+    (launch,) = triton_aot.record(gemm, lambda: gemm.launch(x, w, cfg))
+    launch = replace(launch, args={**launch.args, "PDL": True})
+    k = triton_aot.compile_kernel(launch)
+    assert k.metadata.shared <= triton_aot.SMEM_LIMIT
+    ptx = k.asm["ptx"]
+    wait, trigger = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    last_mma = max(ptx.rfind("wgmma.mma_async"), ptx.rfind("mma.sync"))
+    assert 0 <= wait < last_mma < trigger, (wait, last_mma, trigger)

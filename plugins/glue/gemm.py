@@ -61,6 +61,14 @@ class Config:
     # past the range masked): every SM streams the same bytes, where BN-row tiles leave a partial last wave (in_proj
     # at BN = 64: 193 tiles on 132 SMs, so 61 SMs stream two tiles and 71 one)
     spread: int = 0
+    # with PDL, the next kernel may launch only once every program is past its K loop, not as soon as each starts
+    # (`gemm_kernel`'s LATE). Triggered at the start, in_proj let the conv update launch at once, and the conv's
+    # programs waited on the SMs through the whole GEMM. At N = 8 the conv's interval was 21.8 us (15.5 of it beside
+    # in_proj) and the GDN decode's 14.9. With the late trigger they were 7.6 and 12.6, and the step took 168.7
+    # against 173.9 us (H200, bench/results/2026-12-04-gemm-step-late.md, run 2; run 1, late on both GEMMs: 168.2
+    # against 173.6). On out_proj it lost: the next layer's norm, which the early trigger overlaps with the GEMM,
+    # waits (N = 64: 449.3 against 445.3 us a step). At N = 1 it changed nothing (117.4 against 117.2, both GEMMs).
+    late: bool = False
 
     def check(self) -> None:
         if self.dot and (self.bm < 16 or self.bn < 16 or self.bk < 16):
@@ -104,7 +112,7 @@ TABLE: tuple[Row, ...] = (
     Row(2, 0, Config(2, 8, 1024, 1, 4, dot=False), 0.776),  # 7.4 against 9.5 us, 2.29 TB/s
     Row(4, WIDE_N, Config(16, 64, 128, 4, 4), 0.911),  # 14.7 against 16.1 us, 3.46 TB/s
     Row(4, 0, Config(16, 64, 128, 4, 4, split=4), 0.853),  # 8.0 against 9.4 us, 2.09 TB/s
-    Row(8, WIDE_N, Config(16, 64, 128, 4, 4), 0.911),  # 14.8 against 16.2 us, 3.44 TB/s
+    Row(8, WIDE_N, Config(16, 64, 128, 4, 4, late=True), 0.911),  # 14.8 against 16.2 us, 3.44 TB/s
     Row(8, 0, Config(16, 64, 128, 4, 4, split=4), 0.856),  # 8.1 against 9.5 us, 2.08 TB/s
     Row(16, WIDE_N, Config(16, 16, 128, 4, 4, spread=2), 0.932),  # 14.4 against 15.5 us, 3.54 TB/s, 2026-12-04
     Row(16, 0, Config(16, 64, 128, 4, 4, split=4), 0.908),  # 7.9 against 8.7 us, 2.14 TB/s, 2026-12-04
@@ -185,6 +193,7 @@ def gemm_kernel(
     M, N, K, s_x, k_slice,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, SPLIT: tl.constexpr, SPREAD: tl.constexpr = False, PDL: tl.constexpr = False,
+    LATE: tl.constexpr = False,
 ):
     """Program (i_n, i_m, i_s): y[i_m*BM : +BM, i_n*BN : +BN] over K[i_s*k_slice : +k_slice] (k_slice: BK steps);
     SPREAD: rows [i_n N / P, (i_n + 1) N / P) of the P = programs along N instead of i_n*BN : +BN."""
@@ -210,7 +219,10 @@ def gemm_kernel(
     m_m = o_m < M  # masked token rows: at M = 1 of BM = 16, 15 rows read no memory
     # with PDL, an L2 prefetch of the program's first 256 weight columns before the wait made the decode step slower:
     # 133.7 / 204.1 us at N = 1 / 8 against 118.7 / 176.0 without it (H200, bench/results/2026-12-03-pdl-prefetch.md)
-    pdl.enter(PDL)
+    if LATE:  # the next kernel launches once every program is past its K loop (Config.late)
+        pdl.wait(PDL)
+    else:
+        pdl.enter(PDL)
     if DOT:
         p_w = w + r_n[:, None] * K + o_k[None, :]  # [BN, BK]
         p_x = x + o_m[None, :].to(tl.int64) * s_x + o_k[:, None]  # [BK, BM]
@@ -251,6 +263,8 @@ def gemm_kernel(
             p_w += BK
             p_x += BK
         acc = tl.sum(prod, 2)  # [BN, BM]
+    if LATE:
+        pdl.release(PDL)
     p_y = y + o_m[None, :].to(tl.int64) * N + o_n[:, None]
     m_y = m_n[:, None] & m_m[None, :]
     if SPLIT:
@@ -290,7 +304,8 @@ def launch(x: Tensor, w: Tensor, cfg: Config) -> Tensor:
         ws, cnt = _workspace(x.device, grid[0] * grid[1], split, bn * bm)
     gemm_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), k_slice, BM=bm, BN=bn, BK=cfg.bk,
                       EVEN_K=K % cfg.bk == 0, DOT=cfg.dot, IEEE=x.dtype == torch.float32, SPLIT=split > 1,
-                      SPREAD=cfg.spread > 0, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.options(x.device))
+                      SPREAD=cfg.spread > 0, LATE=cfg.late, num_warps=cfg.warps, num_stages=cfg.stages,
+                      **pdl.options(x.device))
     return y
 
 
