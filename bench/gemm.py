@@ -167,7 +167,7 @@ def apply_table(best: dict[tuple[int, str], tuple[C, float, float]], date: str) 
                 continue
             cfg, us, cub = best[(M, s)]
             # the late trigger is decided in the step (bench/gemm_step.py), not by a call timed alone: kept
-            cfg = replace(cfg, late=gemm.row_for(M, MAIN[s][0]).cfg.late if M <= gemm.TABLE[-1].max_m else False)
+            cfg = replace(cfg, late=gemm.row_for(M, MAIN[s][0]).cfg.late)
             table.append(gemm.Row(M, ROW_N[s], cfg, round(us / cub, 3)))
             N, K = MAIN[s]
             tbps = 2 * (N * K + M * K + M * N) / us / 1e6

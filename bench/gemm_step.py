@@ -6,10 +6,11 @@
 decode of the previous layer (whose state write-back the L2 still drains) and precedes the conv update, launched
 with programmatic dependent launch, so a launch that loses alone may win there or the reverse (2026-12-04: our M = 64
 launch lost 0.9 us alone and about 5 us per layer in the step). Per launch (`cublas`, or a `gemm.Config` as
-"bm,bn,bk,stages,warps,split,spread[,late]"; a "/nopdl" suffix launches every skinny GEMM of the step without programmatic
-dependent launch) set as gemm.TABLE's wide row for the bucket of N, on a fresh session of
-`bench/runtime.py`'s `ours` stack: the wall per static decode step over back-to-back steps, then from a profile the
-in_proj kernel's mean time and the step's device time (union). Writes `<out>/<date>-gemm-step.{json,md}`.
+"bm,bn,bk,stages,warps,split,spread[,late]"; a "/nopdl" suffix launches every skinny GEMM of the step without
+programmatic dependent launch) set as gemm.TABLE's wide row for the bucket of N, on a fresh session of
+`bench/runtime.py`'s `ours` stack: the wall per static decode step over back-to-back steps, then from a profile
+in_proj's mean interval, the step's device time (union) and a layer's kernels (`layer_means`); vs_cublas is the step
+against the first launch's (name cublas first). Writes `<out>/<date>-gemm-step.{json,md}`.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def with_launch(n: int, launch: str) -> tuple:
     return tuple(new if r is row else r for r in gemm.TABLE)
 
 
-def layer_kernels(spans: list[tuple[int, int, str]]) -> str:
-    """A layer's kernels in order (each layer starts at its input norm), as "name us (gap)" with the mean over the
-    layers of each kernel's interval and of the gap before it (negative: it overlaps the one before)."""
+def layer_means(spans: list[tuple[int, int, str]]) -> list[tuple[str, float, float]]:
+    """A layer's kernels in order (each layer starts at its input norm, so in_proj is the second): (name, mean
+    interval us, mean gap us before it; negative: it overlaps the one before), the means over the step's layers."""
     layers, end = [], None
     for a, b, name in spans:
         if name.startswith("norm_kernel"):
@@ -66,10 +67,9 @@ def layer_kernels(spans: list[tuple[int, int, str]]) -> str:
         end = b if end is None else max(end, b)
     out = []
     for k, (name, _, _) in enumerate(layers[0]):
-        us = [lay[k][1] for lay in layers if len(lay) > k]
-        gap = [lay[k][2] for lay in layers if len(lay) > k]
-        out.append(f"{name.split('<')[0][:22]} {sum(us) / len(us):.1f} ({sum(gap) / len(gap):+.1f})")
-    return "; ".join(out)
+        at = [lay[k] for lay in layers if len(lay) > k]
+        out.append((name, sum(x[1] for x in at) / len(at), sum(x[2] for x in at) / len(at)))
+    return out
 
 
 def main() -> None:
@@ -97,13 +97,11 @@ def main() -> None:
             print(r, flush=True)
         for r in rows:
             spans = step_trace.trace(fresh(r["launch"]))
-            # in_proj: the kernel after each input norm
-            us = [(spans[i + 1][1] - spans[i + 1][0]) / 1e3 for i, (_, _, name) in enumerate(spans)
-                  if name.startswith("norm_kernel") and i + 1 < len(spans)]
-            r["in_proj_us"] = round(sum(us) / len(us), 2)
+            layer = layer_means(spans)
+            r["in_proj_us"] = round(layer[1][1], 2)
             r["union_us"] = round(rb.union_ns(spans) / 1e3, 1)
             r["vs_cublas"] = round(r["step_us"] / rows[0]["step_us"], 3)
-            r["layer"] = layer_kernels(spans)
+            r["layer"] = "; ".join(f"{name.split('<')[0][:22]} {us:.1f} ({gap:+.1f})" for name, us, gap in layer)
             print(r, flush=True)
     finally:
         gemm.TABLE, gemm.launch = table, real
