@@ -304,9 +304,10 @@ def launch_conv_recurrent(x: GdnInputs, conv: ConvParams, pack: Packing, conv_po
         return o
     BV, warps = _rec_tiling(tuning, V, HV * N)
     gdn_conv_decode_kernel[(triton.cdiv(V, BV), HV, N)](
-        q, k, v, a, b, x.A_log, x.dt_bias, conv.weight, o, ssm_pool, conv_pool, _sync_counts(conv_pool, H),
+        q, k, v, a, b, x.A_log, x.dt_bias, conv.weight, o, ssm_pool, conv_pool,
         pack.slots, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
-        H=H, HV=HV, K=K, V=V, W=conv.width, ACT=int(conv.activation), BK=triton.next_power_of_2(K), BV=BV,
+        H=H, HV=HV, K=K, V=V, W=conv.width, ACT=int(conv.activation), BS=triton.next_power_of_2(conv.width - 1),
+        BK=triton.next_power_of_2(K), BV=BV,
         STREAM=tuning.rec_stream, num_warps=warps, **pdl.options(q.device))
     return o
 

@@ -24,30 +24,20 @@ from .triton_recurrent import _step, softplus
 
 
 @triton.jit
-def conv_channels(p_x, hist, weight, ch, m, D: tl.constexpr, W: tl.constexpr, ACT: tl.constexpr,
+def conv_channels(p_x, hist, weight, ch, m, D: tl.constexpr, W: tl.constexpr, BS: tl.constexpr, ACT: tl.constexpr,
                   DT: tl.constexpr):
     """One token's causal conv (dilation 1) of channels ch (mask m): x at p_x + (ch - ch[0]) (the token's values of
-    these channels), history rows hist + j * D + ch, weight [D, W]; as the conv kernel computes it (fp32, the
-    current tap first), rounded to DT and returned in fp32."""
+    these channels), the history rows [W - 1, channels] (as a [BS, channels] tile) at hist + row * D + ch, weight [D, W]; in fp32, rounded to
+    DT (as the conv kernel stores its output) and returned in fp32. One load of each operand, all in flight at once."""
+    o_s = tl.arange(0, BS)
+    m_s = (o_s < W - 1)[:, None] & m[None, :]
+    b_h = tl.load(hist + o_s[:, None] * D + ch[None, :], mask=m_s, other=0.0).to(tl.float32)
+    b_w = tl.load(weight + ch[None, :] * W + o_s[:, None], mask=m_s, other=0.0).to(tl.float32)
     b_y = tl.load(weight + ch * W + (W - 1), mask=m, other=0.0).to(tl.float32) * \
-        tl.load(p_x, mask=m, other=0.0).to(tl.float32)
-    for j in tl.static_range(W - 1):
-        b_h = tl.load(hist + j * D + ch, mask=m, other=0.0).to(tl.float32)
-        b_y += tl.load(weight + ch * W + j, mask=m, other=0.0).to(tl.float32) * b_h
+        tl.load(p_x, mask=m, other=0.0).to(tl.float32) + tl.sum(b_w * b_h, 0)
     if ACT == 1:
         b_y = b_y * tl.sigmoid(b_y)
     return b_y.to(DT).to(tl.float32)
-
-
-@triton.jit
-def shift_window(p_x, hist, ch, m, D: tl.constexpr, W: tl.constexpr):
-    """The window after the token: history rows 1 .. W - 2 move down one row and the token's x becomes the last."""
-    b_x = tl.load(p_x, mask=m, other=0.0)
-    for j in tl.static_range(W - 2):
-        b_h = tl.load(hist + (j + 1) * D + ch, mask=m, other=0.0)
-        tl.debug_barrier()  # every read of row j + 1 precedes its overwrite
-        tl.store(hist + j * D + ch, b_h, mask=m)
-    tl.store(hist + (W - 2) * D + ch, b_x.to(hist.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -57,12 +47,11 @@ def gdn_conv_decode_kernel(
     o,  # [N, HV, V] contiguous
     pool,  # [S, HV, K, V] fp32
     conv_pool,  # [S, W - 1, D] activation dtype
-    counts,  # [S * H] int32, zero
     slots,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_at, s_ah, s_bt, s_bh,
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, ACT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, STREAM: tl.constexpr, PDL: tl.constexpr = False,
+    BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, STREAM: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One token per sequence (row n is sequence n's token). Program (V-tile, value head, sequence)."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -96,16 +85,9 @@ def gdn_conv_decode_kernel(
     c_q = i_h * K + o_k
     c_k = H * K + c_q
     c_v = 2 * H * K + i_hv * V + i_v * BV + o_c
-    b_q = conv_channels(p_q, hist, weight, c_q, m_k, D, W, ACT, DT)
-    b_k = conv_channels(p_k, hist, weight, c_k, m_k, D, W, ACT, DT)
-    b_v = conv_channels(p_v, hist, weight, c_v, m_v, D, W, ACT, DT)
-    shift_window(p_v, hist, c_v, m_v, D, W)
-    # every thread's reads of the key head's history precede the count (whose atomic one thread issues)
-    tl.debug_barrier()
-    if tl.atomic_add(counts + slot * H + i_h, 1, sem="acq_rel", scope="gpu") == (HV // H) * NV - 1:
-        shift_window(p_q, hist, c_q, m_k, D, W)
-        shift_window(p_k, hist, c_k, m_k, D, W)
-        tl.store(counts + slot * H + i_h, 0)
+    b_q = conv_channels(p_q, hist, weight, c_q, m_k, D, W, BS, ACT, DT)
+    b_k = conv_channels(p_k, hist, weight, c_k, m_k, D, W, BS, ACT, DT)
+    b_v = conv_channels(p_v, hist, weight, c_v, m_v, D, W, BS, ACT, DT)
     b_g = -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus(
         tl.load(a + i_n * s_at + i_hv * s_ah).to(tl.float32) + tl.load(dt_bias + i_hv).to(tl.float32))
     b_beta = tl.sigmoid(tl.load(b + i_n * s_bt + i_hv * s_bh).to(tl.float32))
