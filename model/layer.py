@@ -104,14 +104,6 @@ class _Io:
             o, self.pools["ssm"] = gdn_op.recurrent(x, self.pack, pool)
         return o
 
-    def conv_gdn(self, x: GdnInputs, conv: ConvParams) -> Tensor:
-        """A decode step's conv and gated delta rule in one call (`gdn_op.conv_recurrent`): x.q, x.k, x.v are the
-        conv's input. One launch on CUDA where the two ops take two (the decode step on the H200: see
-        `plugins/gated_delta_rule/triton_fused.py`)."""
-        o = gdn_op.conv_recurrent(x, conv, self.pack, self.state.conv, self.state.ssm)
-        self.pools["conv"], self.pools["ssm"] = self.state.conv, self.state.ssm
-        return o
-
     def new_state(self) -> LayerState:
         return LayerState(**{f.name: self.pools.get(f.name, getattr(self.state, f.name)) for f in fields(LayerState)})
 
@@ -127,10 +119,6 @@ class GdnLayer(nn.Module):
     A tensor-parallel rank's layer is this layer over the rank's config and weights (`model/tp.py`: `shard_config`,
     `load_checkpoint(dir, shard)`): `tp` names its process group, and the partial sums of `out_proj` (and of the
     dense MLP's `down_proj`) are all-reduced over it, the last one left to the host when `tp.host_reduce`."""
-
-    # on the fused path, a decode step's conv update and GDN recurrence in one call (`gdn_op.conv_recurrent`); off:
-    # the two ops in turn (the A/B switch of bench/conv_fused.py)
-    fuse_conv = True
 
     def __init__(self, cfg: GdnConfig, weights: LayerWeights, dtype: torch.dtype = torch.float32,
                  tp: TpSpec | None = None):
@@ -338,13 +326,10 @@ class GdnLayer(nn.Module):
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         proj = io.adapt(_linear(h, m.in_proj, fused), h, self._by_proj[Proj.IN_PROJ])
         qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
-        conv = ConvParams(m.conv, 1, Activation.SILU)
-        fuse_conv = fused and self.fuse_conv and io.mode.spec.writes is Writes.POOLS  # a decode step
-        if not fuse_conv:
-            qkv = io.conv("conv", qkv, conv)
+        qkv = io.conv("conv", qkv, ConvParams(m.conv, 1, Activation.SILU))
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)
-        o = io.conv_gdn(x, conv) if fuse_conv else io.gdn(x)
+        o = io.gdn(x)
         norm = glue.gated_rms_norm if fused else gated_rms_norm
         o = norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
         o = o.reshape(T, cfg.value_dim)

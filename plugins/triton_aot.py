@@ -147,13 +147,11 @@ def compile_launch(launch: Launch) -> Compiled:
 
 def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), lengths=(1000, 65), **tuning):
     """The chunked (prefill) launches of the gated delta rule for one varlen step, its state pass in both tilings
-    (many sequences, single sequence), and the recurrent (decode) launch in both of its tilings, alone and with the
-    conv update inside."""
+    (many sequences, single sequence), and the recurrent (decode) launch in both of its tilings."""
     from dataclasses import replace
 
     import torch
 
-    from .causal_conv1d.io import ConvParams
     from .gated_delta_rule import triton as gdn
     from .gated_delta_rule.io import GdnInputs
     from .packing import Capture, Packing
@@ -181,11 +179,6 @@ def gdn_launches(dtype, heads: tuple[int, int, int, int] = (16, 2, 128, 128), le
     # the recurrent kernel in both tilings: few sequences (these N) and many (`Tuning.rec_few_below` lifted)
     launches += record(gdn, lambda: gdn.launch_recurrent(x1, ones, pool, None, tu))
     launches += record(gdn, lambda: gdn.launch_recurrent(x1, ones, pool, None, replace(tu, rec_few_below=0)))
-    # the decode launch with the conv update inside (triton_fused), in both tilings too
-    conv = ConvParams(torch.zeros(2 * H * K + HV * V, 4, dtype=dtype))
-    conv_pool = torch.zeros(N, 3, conv.weight.shape[0], dtype=dtype)
-    for t in (tu, replace(tu, rec_few_below=0)):
-        launches += record(gdn, lambda: gdn.launch_conv_recurrent(x1, conv, ones, conv_pool, pool, t))
     return launches
 
 

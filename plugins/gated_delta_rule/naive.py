@@ -13,8 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..causal_conv1d import naive as conv_naive
-from ..causal_conv1d.io import ConvParams
 from ..packing import Capture, Packing, check_buffer, compute_dtype
 from .io import GdnInputs
 
@@ -110,18 +108,6 @@ def recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor) -> Tensor:
         o[sl], states = token_loop(q[sl], k[sl], v[sl], g[sl], beta[sl], S0)
         ssm_pool[slot] = states[-1].to(ssm_pool.dtype)
     return o.to(x.q.dtype)
-
-
-def conv_recurrent(x: GdnInputs, conv: ConvParams, pack: Packing, conv_pool: Tensor, ssm_pool: Tensor) -> Tensor:
-    """DECODE / DECODE_MULTI_SEQ with the conv in front: x.q, x.k, x.v are the conv's input (the projection's
-    q | k | v channels, D = 2 H K + HV V), the conv update (`causal_conv1d.naive.update`) runs on them from
-    conv_pool, then `recurrent` on its output. Returns o [T, HV, V]; both pools written back."""
-    T, H, K = x.q.shape
-    y = conv_naive.update(torch.cat([x.q.reshape(T, -1), x.k.reshape(T, -1), x.v.reshape(T, -1)], 1), conv, pack,
-                          conv_pool)
-    q, k, v = y.split([H * K, H * K, x.v.shape[1] * x.v.shape[2]], dim=1)
-    return recurrent(GdnInputs(q.reshape(x.q.shape), k.reshape(x.k.shape), v.reshape(x.v.shape), x.a, x.b, x.A_log,
-                               x.dt_bias), pack, ssm_pool)
 
 
 def recurrent_stash(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: Tensor) -> Tensor:

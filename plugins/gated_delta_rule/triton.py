@@ -27,11 +27,9 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import pdl
-from ..causal_conv1d.io import ConvParams
 from ..packing import Capture, Packing
 from .io import GdnInputs
 from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_state_kernel
-from .triton_fused import gdn_conv_decode_kernel
 from .triton_intra import gdn_chunk_intra_kernel, gdn_chunk_wu_kernel
 from .triton_recurrent import gdn_decode_persist_kernel, gdn_recurrent_kernel
 
@@ -285,46 +283,6 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),
     )
     return o
-
-
-def conv_recurrent(x: GdnInputs, conv: ConvParams, pack: Packing, conv_pool: Tensor, ssm_pool: Tensor) -> Tensor:
-    """DECODE / DECODE_MULTI_SEQ with the conv update in the same launch (`naive.conv_recurrent`; checked by
-    `op.conv_recurrent`): returns o [N, HV, V]; conv_pool[slot] and ssm_pool[slot] updated in place."""
-    return launch_conv_recurrent(x, conv, pack, conv_pool, ssm_pool, TUNING)
-
-
-def launch_conv_recurrent(x: GdnInputs, conv: ConvParams, pack: Packing, conv_pool: Tensor, ssm_pool: Tensor,
-                          tuning: Tuning) -> Tensor:
-    _check(x, pack, ssm_pool)
-    q, k, v, a, b = _operands(x)
-    N, H, K = q.shape
-    HV, V = v.shape[1:]
-    o = _new((N, HV, V), q.dtype, q.device)
-    if N == 0:
-        return o
-    BV, warps = _rec_tiling(tuning, V, HV * N)
-    gdn_conv_decode_kernel[(triton.cdiv(V, BV), HV, N)](
-        q, k, v, a, b, x.A_log, x.dt_bias, conv.weight, o, ssm_pool, conv_pool,
-        pack.slots, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride(), K ** -0.5,
-        H=H, HV=HV, K=K, V=V, W=conv.width, ACT=int(conv.activation), BS=triton.next_power_of_2(conv.width - 1),
-        BK=triton.next_power_of_2(K), BV=BV,
-        STREAM=tuning.rec_stream, num_warps=warps, **pdl.options(q.device))
-    return o
-
-
-_COUNTS: dict[tuple[torch.device, int, int], Tensor] = {}
-
-
-def _sync_counts(conv_pool: Tensor, H: int) -> Tensor:
-    """The fused decode's counters of a conv pool (one int32 per slot and key head; `triton_fused`), zero between
-    launches: every launch leaves them as it found them. One buffer per pool allocation (keyed by its address and
-    size), made on the pool's first fused step, so that two pools' steps never share one. A pool freed and another
-    allocated at its address may inherit its buffer: it is zero, so that is as good as a new one."""
-    key = (conv_pool.device, conv_pool.data_ptr(), conv_pool.shape[0] * H)
-    counts = _COUNTS.get(key)
-    if counts is None:
-        counts = _COUNTS[key] = torch.zeros(key[2], dtype=torch.int32, device=conv_pool.device)
-    return counts
 
 
 def _word_pairs(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, BK: int) -> bool:

@@ -121,31 +121,6 @@ def _sum_rows(x, CH: tl.constexpr):
 
 
 @triton.jit
-def _step(b_h, b_q, b_k, b_v, b_g, b_beta, scale, Q_AFTER: tl.constexpr, CH: tl.constexpr):
-    """One token through the state tile b_h (see `token_steps`) from the raw q, k [BK] and v [columns] in fp32, the
-    log decay g and beta: returns (the tile after the token, the token's output over the tile's columns)."""
-    # every reduction over K reads the raw q, k and the state as loaded, so the five run side by side and the
-    # norms enter afterwards as scalars (the chain from the state load to the stores is one reduction deep):
-    # with e = exp(g), S' = e S + k_n v_new^T, v_new = beta (v - e S^T k_n), o = S'^T q_n
-    #   = e (S^T q) r_q + (k . q) r_k r_q v_new, r_k = 1 / |k|, r_q = scale / |q| (eps inside the sqrt)
-    b_hk = _sum_rows(b_h * _rows(b_k, CH), CH)
-    b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-    b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
-    b_e = tl.exp(b_g)
-    if Q_AFTER:
-        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
-        b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
-        b_o = b_rq * _sum_rows(b_h * _rows(b_q, CH), CH)
-    else:
-        b_hq = _sum_rows(b_h * _rows(b_q, CH), CH)
-        b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
-        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
-        b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
-        b_o = b_e * b_rq * b_hq + b_kq * b_v
-    return b_h, b_o
-
-
-@triton.jit
 def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o_k, m_k, o_c, m_c, o_h, m_h,
                 s_qt, s_kt, s_vt, s_at, s_bt, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 STASH: tl.constexpr, STORE_HINT: tl.constexpr, Q_AFTER: tl.constexpr = False,
@@ -164,7 +139,24 @@ def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o
         b_v = tl.load(p_v + o_c, mask=m_c, other=0.0).to(tl.float32)
         b_g = b_A * softplus(tl.load(p_a).to(tl.float32) + b_dt)
         b_beta = tl.sigmoid(tl.load(p_b).to(tl.float32))
-        b_h, b_o = _step(b_h, b_q, b_k, b_v, b_g, b_beta, scale, Q_AFTER, CH)
+        # every reduction over K reads the raw q, k and the state as loaded, so the five run side by side and the
+        # norms enter afterwards as scalars (the chain from the state load to the stores is one reduction deep):
+        # with e = exp(g), S' = e S + k_n v_new^T, v_new = beta (v - e S^T k_n), o = S'^T q_n
+        #   = e (S^T q) r_q + (k . q) r_k r_q v_new, r_k = 1 / |k|, r_q = scale / |q| (eps inside the sqrt)
+        b_hk = _sum_rows(b_h * _rows(b_k, CH), CH)
+        b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+        b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
+        b_e = tl.exp(b_g)
+        if Q_AFTER:
+            b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+            b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
+            b_o = b_rq * _sum_rows(b_h * _rows(b_q, CH), CH)
+        else:
+            b_hq = _sum_rows(b_h * _rows(b_q, CH), CH)
+            b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
+            b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+            b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
+            b_o = b_e * b_rq * b_hq + b_kq * b_v
         if STASH:
             tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
             p_s += HV * K * V
