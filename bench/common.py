@@ -13,12 +13,15 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import inspect
 import json
 import math
 import platform
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Sequence
 
 import torch
@@ -176,3 +179,28 @@ def _jsonable(v):
     if isinstance(v, torch.dtype):
         return str(v)
     return str(v)
+
+
+def without_pdl(fn: Callable) -> Callable:
+    """fn with `plugins.pdl.options` answering {} during each call: the kernels it launches go without programmatic
+    dependent launch (their PDL constexpr False, no launch attribute), whatever `pdl.scope` says. The switch is on the
+    host side: a JIT kernel keeps reading the real `pdl` module (Triton 3.6 refuses a kernel whose module global is
+    swapped for a stand-in)."""
+    from gdn_trt.plugins import pdl
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        options = pdl.options
+        pdl.options = lambda device: {}
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            pdl.options = options
+
+    return call
+
+
+def pdl_launchers(module: ModuleType) -> list[str]:
+    """The functions defined in `module` that pass `pdl.options` to a launch (the ones `without_pdl` must wrap)."""
+    return [name for name, f in vars(module).items() if inspect.isfunction(f) and f.__module__ == module.__name__
+            and "pdl.options(" in inspect.getsource(f)]

@@ -23,23 +23,10 @@ from pathlib import Path
 import runtime as rb  # bench/runtime.py: the session, stack and timing
 import step_trace
 
-from common import RESULTS, device_info, write_results
-from gdn_trt.plugins import pdl
+from common import RESULTS, device_info, without_pdl, write_results
 from gdn_trt.plugins.glue import gemm
 
 DEFAULT = "cublas;64,64,64,4,4,1,0;64,16,64,4,4,1,1;64,16,64,8,4,1,1;64,16,64,8,8,1,1;64,16,128,4,8,1,1"
-
-
-def _without_pdl(launch):
-    """gemm.launch with plugins.pdl.options answering {} during the call: its kernels go without PDL."""
-    def call(*args, **kwargs):
-        options = pdl.options
-        pdl.options = lambda device: {}
-        try:
-            return launch(*args, **kwargs)
-        finally:
-            pdl.options = options
-    return call
 
 
 def with_launch(n: int, launch: str) -> tuple:
@@ -87,7 +74,7 @@ def main() -> None:
         gc.collect()
         rb.torch.cuda.empty_cache()  # the previous row's session: one at a time fits the device
         gemm.TABLE = with_launch(args.n, launch)
-        gemm.launch = _without_pdl(real) if launch.endswith("/nopdl") else real
+        gemm.launch = without_pdl(real) if launch.endswith("/nopdl") else real
         return rb.Ours(rb.configs()["ours"]).step_fn("decode", [1] * args.n, "static")
 
     rows = [{"n": args.n, "launch": s} for s in args.launches.split(";")]

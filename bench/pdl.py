@@ -27,7 +27,7 @@ from pathlib import Path
 import runtime as rb  # bench/runtime.py: the session, stack and timing
 from host_profile import bare
 
-from common import RESULTS, device_info, write_results
+from common import RESULTS, device_info, pdl_launchers, without_pdl, write_results
 
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri
 from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
@@ -35,14 +35,6 @@ from gdn_trt.plugins.glue import gemm
 from gdn_trt.plugins.glue import triton as glue_tri
 
 FAMILIES = {"gemm": gemm, "gdn": gdn_tri, "conv": conv_tri, "glue": glue_tri}
-
-
-class _Off:
-    """Stands for plugins.pdl in one module: its launches go without PDL."""
-
-    @staticmethod
-    def options(device):
-        return {}
 
 
 def variants() -> list[tuple[str, dict]]:
@@ -54,13 +46,14 @@ OPTIONAL = {"off +gemm64", "on +gemm64"}
 
 
 def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
-    real = {f: m.pdl for f, m in FAMILIES.items()}
+    off = FAMILIES[how["without"]] if "without" in how else None
+    real = {attr: getattr(off, attr) for attr in pdl_launchers(off)} if off else {}
     os.environ["GDN_TRT_PDL"] = how.get("env", "1")
     dispatched = gemm.dispatched
     if how.get("m64"):
         gemm.dispatched = lambda m, n: 1 <= m <= 64
-    if "without" in how:
-        FAMILIES[how["without"]].pdl = _Off
+    for attr, launcher in real.items():  # the family's launches without PDL (host side: common.without_pdl)
+        setattr(off, attr, without_pdl(launcher))
     rows = []
     try:
         o = rb.Ours(rb.configs(rb.DEV == "cpu")["ours"])
@@ -77,8 +70,8 @@ def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
                   flush=True)
         del o
     finally:
-        for f, m in FAMILIES.items():
-            m.pdl = real[f]
+        for attr, launcher in real.items():
+            setattr(off, attr, launcher)
         gemm.dispatched = dispatched
         os.environ.pop("GDN_TRT_PDL", None)
         gc.collect()
