@@ -26,6 +26,7 @@ fill the buffers, `step.replayed()`, replay.
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import tempfile
 from dataclasses import dataclass, field
@@ -169,6 +170,11 @@ class HybridHost:
             if self.cfg.layer_types[i] == "linear_attention":
                 layer.linear_attn = RuntimeMixer(self, i)  # HF's GDN weights leave the host model
         self.kv = KvCache(self.cfg, rows, max_len, sess.device.type)
+        # the model's name for its cache argument: `cache` from transformers 5.2x on (`past_key_values` deprecated
+        # there), `past_key_values` before (5.17 drops an unknown `cache` into **kwargs: the attention then sees only
+        # the step's own keys)
+        params = inspect.signature(model.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.tracks: dict[int, Track] = {}
         self._free = list(range(rows - 1, -1, -1))
         self.step = None
@@ -199,8 +205,8 @@ class HybridHost:
         kind = [kinds[q] for q in order]
         with torch.no_grad(), self.sess.begin_step(np.array(order), kind if len(set(kind)) > 1 else kind[0],
                                                    np.array([len(feed[q]) for q in order])) as self.step:
-            logits = self.model(input_ids=ids_t, position_ids=pos_t, attention_mask=mask,
-                                cache=self.kv.packed(layout), use_cache=True).logits[0]
+            logits = self.model(input_ids=ids_t, position_ids=pos_t, attention_mask=mask, use_cache=True,
+                                **{self.cache_arg: self.kv.packed(layout)}).logits[0]
         self.step = None
         out = {}
         for q, (_, _, n, t) in zip(order, layout):
@@ -238,7 +244,8 @@ class StaticDecode:
         with torch.no_grad():
             self.logits = self.host.model(input_ids=self.ids, position_ids=self.pos[:, None],
                                           attention_mask={"full_attention": mask, "linear_attention": None},
-                                          cache=self.host.kv.static(self.pos), use_cache=True).logits[:, 0]
+                                          use_cache=True, **{self.host.cache_arg: self.host.kv.static(self.pos)}
+                                          ).logits[:, 0]
         return self.logits
 
 
