@@ -2,12 +2,12 @@
 
     python bench/fp32_dots.py [--prec tf32x3,ieee] [--heads 16,3,128,128]
 
-One varlen step of the GPU tests (`gdn_trt.plugins.samples.VARLEN_STEP`, which tests/test_triton_gdn.py runs:
-lengths 1..1000 with captures, an empty and a padding sequence) at the given heads (H, G, K, V); per precision: the first call (Triton compiles
-the four passes for it; a fresh process, so nothing is cached in memory, and TRITON_CACHE_DIR should be empty),
-the median of 5 later calls, and the relative RMS error of o, the pool and the captures against the float64
-reference (plugins/gated_delta_rule/naive.py). Prints one line per precision as it finishes, so a run cut by a
-time limit still reports the precisions done.
+One varlen step of the GPU tests (`gdn_trt.plugins.samples.VARLEN_STEP`, which tests/test_triton_gdn.py runs: lengths
+1..1000 with captures, an empty and a padding sequence) at the given heads (H, G, K, V); per precision: the first call
+(Triton compiles the four passes for it; a fresh process, so nothing is cached in memory, and TRITON_CACHE_DIR should be
+empty), the median of 5 later calls, and the relative RMS error of o, the pool and the captures against the float64
+reference (plugins/gated_delta_rule/naive.py). Prints one line per precision as it finishes, so a run cut by a time
+limit still reports the precisions done.
 
 Status (H200, 2026-12-02): run once at the default heads with time limits of 60 s (tf32x3) and 45 s (ieee); both
 were cut before printing their line: the first call's compile takes longer than that. The compile alone is now
@@ -49,7 +49,8 @@ def main() -> None:
     at = torch.tensor(STEP.capture_at, dtype=torch.int32)
     cap_ref = torch.zeros((N, *x.state_shape), dtype=torch.float64)
     pool_ref = pool.cpu().double()
-    o_ref = naive.chunked(f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, Capture(at, cap_ref))
+    o_ref = naive.chunked(f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref,
+                          Capture(at, cap_ref))
     live = [n for n in range(N) if STEP.slots[n] >= 0]
     rows = [STEP.slots[n] for n in live]
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
@@ -65,7 +66,8 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         print(f"{heads} fp32 dots={prec:7s} first call {times[0]:8.2f} s  "
               f"later {statistics.median(times[1:]) * 1e3:8.3f} ms  rel RMS o {rel_rms(o_ref, o):.2e}  "
-              f"pool {rel_rms(pool_ref[rows], p[rows]):.2e}  capture {rel_rms(cap_ref[live], cap[live]):.2e}", flush=True)
+              f"pool {rel_rms(pool_ref[rows], p[rows]):.2e}  capture {rel_rms(cap_ref[live], cap[live]):.2e}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
 The `ours` stack of `bench/runtime.py` (4 Qwen3-Next GDN layers, bf16, CUDA graphs): per N, every step started on
 an idle GPU, the three phases of the batched API timed apart (open: `begin_step`, the request check, index copy and
 PLE staging; run: `step.run`, the graph replay; close: the commit), medians in us, with `run(x)` and with the input
-and output in place (`step.input()`, `run(..., copy=False)`); then cProfile over back-to-back
-steps, the functions by own time; and the step's CUDA calls alone (`bare`: the graph replay, an event record). Prints only: the figures go into the closing notes of the issue they serve.
+and output in place (`step.input()`, `run(..., copy=False)`); then cProfile over back-to-back steps, the functions
+by own time; and the step's CUDA calls alone (`bare`: the graph replay, an event record). Prints only: the figures
+go into the closing notes of the issue they serve.
 """
 
 from __future__ import annotations

@@ -192,7 +192,8 @@ def budget(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, 
     `tp` > 1: one rank's budget of the whole model `cfg` split over tp ranks (a `TpError` names the valid sizes)."""
     if tp > 1:
         cfg = shard_config(cfg, Shard(tp, 0))  # every rank holds the same amounts
-    a, per_slot, per_tok = DTYPES[act_dtype].itemsize, slot_bytes(cfg, act_dtype), token_activation_bytes(cfg, act_dtype)
+    a, per_slot = DTYPES[act_dtype].itemsize, slot_bytes(cfg, act_dtype)
+    per_tok = token_activation_bytes(cfg, act_dtype)
     b = Budget(cfg, limits)
     b.rows.append(BudgetRow("weights", weight_bytes(cfg, act_dtype), 0, ()))
     b.rows.append(BudgetRow(f"state pools ({limits.max_seqs} slots)", limits.max_seqs * per_slot, 0,

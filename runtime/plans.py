@@ -104,9 +104,9 @@ def find_plans(engines_dir: str | Path, cfg: GdnConfig, act_dtype: str, match: P
                ) -> dict[tuple[tuple[int, ...], LayerMode], PlanInfo]:
     """Every plan under `engines_dir` for `cfg`, by (layers, mode): `layers` is one layer, or the run of a stack
     plan. Raises `PlanMismatchError` when a manifest there names this model but another config hash or dtype,
-    other LoRA slots than `match`, layers that are not one run of `gdn_runs`, a part plan of a rank's dense-MLP
-    layer (`GraphSpec.part`: the TensorRT backend does not chain the two plans around the all-reduce yet), weights
-    inside the plan (one copy per mode), a plan outside engines_dir, or a plan or graph whose sha256 differs from the recorded one
+    other LoRA slots than `match`, layers that are not one run of `gdn_runs`, a part plan of a rank's dense-MLP layer
+    (`GraphSpec.part`: the TensorRT backend does not chain the two plans around the all-reduce yet), weights inside the
+    plan (one copy per mode), a plan outside engines_dir, or a plan or graph whose sha256 differs from the recorded one
     (`plan_files.py`), or stack plans whose runs overlap; when the engine config beside the plans (`config.json`)
     describes another model (`engine_config.check_engine_config`) or another tensor-parallel rank (its `tp`, both
     named); and `FileNotFoundError` when none is found. A folder of `rank<r>` folders (`gdn-trt build` of an

@@ -30,7 +30,8 @@ def test_compare_writes_beside_the_export_and_names_the_closest_output(exported,
     assert len(lines) == 2
     for ln in lines:
         assert re.search(r"PASS torch-cpu vs onnxrt, 2 iterations; closest to its bound: \w+ at "
-                         r"(\d+% of its bound|under 1% of its bound|exact \(no difference\)) \(relative RMS error", ln), ln
+                         r"(\d+% of its bound|under 1% of its bound|exact \(no difference\)) "
+                         r"\(relative RMS error", ln), ln
     doc = json.loads((m.root / "compare" / "compare.json").read_text())
     assert re.match(r"closest to its bound: layer 0 (decode|prefill) \w+ at ", out.splitlines()[-2])
     assert doc["closest"]["graph"] in ("layer 0 decode", "layer 0 prefill")

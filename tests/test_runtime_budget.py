@@ -45,10 +45,11 @@ def held_tensors(root) -> dict[tuple[int, str], int]:
 
 @pytest.mark.parametrize("name", [PLAIN, HC_PLE])
 def test_budget_matches_what_a_session_allocates(name):
-    """Row by row, the budget equals the bytes of the tensors a session holds (pools, stashes, captures, weights,
-    LoRA slots, the step's index buffers, PLE staging and host row cache), and those rows add up to every tensor reachable from the session:
-    nothing it allocates is left out. The weights row is the layers' one copy, which TensorRT plans bind as
-    inputs (docs/tensorrt.md, weights held once); prefill activations are transient (an upper estimate, not held)."""
+    """Row by row, the budget equals the bytes of the tensors a session holds (pools, stashes, captures, weights, LoRA
+    slots, the step's index buffers, PLE staging and host row cache), and those rows add up to every tensor reachable
+    from the session: nothing it allocates is left out. The weights row is the layers' one copy, which TensorRT plans
+    bind as inputs (docs/tensorrt.md, weights held once); prefill activations are transient (an upper estimate, not
+    held)."""
     limits = replace(LIMITS, lora=LoraLimits(max_adapters=2, max_rank=4))
     s = open_session(name, limits)
     b = P.budget(s.cfg, limits, "float32", graphs=False)

@@ -131,7 +131,8 @@ def _scenario(step, accept, add, release, sess, tmp_adapters: bool):
     got += [outs[q] for q in (a, b, c)]
     accept({a: 2, b: 0, c: 4})
     e = add(ad(5))
-    outs, caps = step(decode={b: h[24:25], d: h[24:25]}, verify={a: h[25:27]}, prefill={e: Prompt(h[27:33], sub(27, 33))},
+    outs, caps = step(decode={b: h[24:25], d: h[24:25]}, verify={a: h[25:27]},
+                      prefill={e: Prompt(h[27:33], sub(27, 33))},
                       token_ids=None if ids is None else {b: ids[24:25], d: ids[24:25], a: ids[25:27]})
     got += [outs[q] for q in (b, d, a, e)]
     accept({a: 1})

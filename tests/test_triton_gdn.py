@@ -67,7 +67,8 @@ def check_recurrent(step: Step, heads: Heads, dtype: torch.dtype, device: str, s
     if stash:
         stash_ref = torch.full((T, *x.state_shape), float("nan"), dtype=torch.float64)
         got_stash = torch.full((T, *x.state_shape), float("nan"), device=device)
-        o_ref = naive.recurrent_stash(f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, stash_ref)
+        o_ref = naive.recurrent_stash(f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref,
+                                      stash_ref)
         with poisoned(tri):
             o = tri.recurrent_stash(x, pack, got_pool, got_stash)
         written = ~torch.isnan(stash_ref[:, 0, 0, 0])
@@ -91,7 +92,8 @@ def check_chunked(step: Step, heads: Heads, dtype: torch.dtype, device: str) -> 
     at = torch.tensor(step.capture_at, dtype=torch.int32)
     cap_ref = torch.full((N, *x.state_shape), float("nan"), dtype=torch.float64)
     pool_ref = pool.cpu().double()
-    o_ref = naive.chunked(f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref, Capture(at, cap_ref))
+    o_ref = naive.chunked(f64_inputs(x), Packing(pack.cu_seqlens.cpu(), pack.slots.cpu()), pool_ref,
+                          Capture(at, cap_ref))
     got_pool = pool.clone()
     got_cap = torch.full((N, *x.state_shape), float("nan"), device=device)
     tri = _tri()

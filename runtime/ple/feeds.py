@@ -5,8 +5,8 @@ read the fixed device buffers and a CUDA graph, the runtime's or the host's, can
 all its sequences are hashed at once with their carries (`carries[layer][slots]`, one numpy gather), gathered into
 pinned staging and sent with one copy per layer (`Prestage.put`). The new carries are returned, not stored: the
 step commits them when it closes (decode, prefill), a verify never does (its drafts may be rejected: `accept`
-moves the carries by the accepted ids, `carries_after` + `commit`, like the pools), and a step that is abandoned before its layers ran
-leaves them as they were.
+moves the carries by the accepted ids, `carries_after` + `commit`, like the pools), and a step that is abandoned
+before its layers ran leaves them as they were.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Per-step PLE prestage: hash a step's token ids, gather their rows on the host, upload them into a fixed device buffer.
+"""Per-step PLE prestage: hash a step's token ids, gather their rows on the host, upload them into a fixed device
+buffer.
 
 One `Prestage` per PLE layer. Per step ("hoisted input", docs/math.md#host-side):
     ids -> hash (with each sequence's host-owned id carry, all sequences at once) -> gather rows (LRU cache / file

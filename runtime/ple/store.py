@@ -1,4 +1,5 @@
-"""The PLE row table on the host: memory-mapped (a flat file, or the HF shards in place) with a bounded LRU cache of hot rows.
+"""The PLE row table on the host: memory-mapped (a flat file, or the HF shards in place) with a bounded LRU cache of
+hot rows.
 
 The table (Qwen4-Exp: 320M rows x 160, ~100 GB bf16) never has to fit in RAM: rows are read from the file
 mapping on a miss (the "NVMe fault-in") and the most recently used ones are kept in a fixed-size host cache,
