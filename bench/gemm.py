@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 import time
@@ -155,7 +156,15 @@ def apply_table(best: dict[tuple[int, str], tuple[C, float, float]], date: str) 
     src = (root / "gemm.py").read_text()
     body = src.index("(\n", src.index("TABLE: tuple[")) + 2
     old = src[body:src.index("\n)\n", body) + 1]
-    old_lines = {(r.max_m, r.min_n): line for r, line in zip(gemm.TABLE, old.splitlines(keepends=True))}
+    # each row's source line by its (M, width) key, read from the line itself (not paired with TABLE by position)
+    old_lines = {}
+    for line in old.splitlines(keepends=True):
+        key = re.match(r"\s*Row\((\d+), (WIDE_N|0),", line)
+        if key:
+            old_lines[(int(key[1]), gemm.WIDE_N if key[2] == "WIDE_N" else 0)] = line
+    if set(old_lines) != {(r.max_m, r.min_n) for r in gemm.TABLE}:
+        raise SystemExit("gemm.TABLE's source has a row that is not one `Row(M, WIDE_N or 0, ...)` line: rewrite it "
+                         "by hand")
     partial = any((M, s) not in best for M in M_BUCKETS for s in MAIN)
     table, lines = [], []
     for M in M_BUCKETS:

@@ -191,10 +191,10 @@ class Tuning:
     fp32_solve_dot: str = "ieee"  # the triangular solve
 
     def single_sequence_tiling(self) -> Tuning:
-        """This tuning with the state pass in its single-sequence tiling whatever the sequence count (for the
-        sweeps that time that tiling and the sm_90 compile check)."""
+        """This tuning with the state pass in its single-sequence tiling whatever the sequence count, its windows
+        included (for the sweeps that time that tiling and the sm_90 compile check)."""
         return replace(self, state_bv_many=self.state_bv, state_stages_many=self.state_stages,
-                       state_kb_many=self.state_kb, state_wy_many=self.state_wy)
+                       state_kb_many=self.state_kb, state_wy_many=self.state_wy, state_pipe_many=self.state_pipe)
 
 
 TUNING = Tuning()
