@@ -184,8 +184,8 @@ def _jsonable(v):
 def without_pdl(fn: Callable) -> Callable:
     """fn with `plugins.pdl.options` answering {} during each call: the kernels it launches go without programmatic
     dependent launch (their PDL constexpr False, no launch attribute), whatever `pdl.scope` says. The switch is on the
-    host side: a JIT kernel keeps reading the real `pdl` module (Triton 3.6 refuses a kernel whose module global is
-    swapped for a stand-in)."""
+    host side, so a JIT kernel keeps reading the real `pdl` module: a stand-in swapped into the module's `pdl` global
+    failed for the skinny GEMM's kernel under Triton 3.6 (a NameError)."""
     from gdn_trt.plugins import pdl
 
     @functools.wraps(fn)
