@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import inspect
@@ -181,26 +182,34 @@ def _jsonable(v):
     return str(v)
 
 
-def without_pdl(fn: Callable) -> Callable:
-    """fn with `plugins.pdl.options` answering {} during each call: the kernels it launches go without programmatic
-    dependent launch (their PDL constexpr False, no launch attribute), whatever `pdl.scope` says. The switch is on the
-    host side, so a JIT kernel keeps reading the real `pdl` module: a stand-in swapped into the module's `pdl` global
-    failed for the skinny GEMM's kernel under Triton 3.6 (a NameError)."""
+@contextlib.contextmanager
+def pdl_off(module: ModuleType | None):
+    """`with pdl_off(module):` the kernels launched by `module`'s functions that pass `pdl.options` to a launch go
+    without programmatic dependent launch (their PDL constexpr False, no launch attribute), whatever `pdl.scope` says;
+    None changes nothing. Each such function is wrapped so that `pdl.options` answers {} during its calls: the switch
+    is on the host side, so a JIT kernel keeps reading the real `pdl` module (a stand-in swapped into a module's `pdl`
+    global failed for the skinny GEMM's kernel under Triton 3.6, a NameError)."""
     from gdn_trt.plugins import pdl
 
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        options = pdl.options
-        pdl.options = lambda device: {}
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            pdl.options = options
+    def without(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            options = pdl.options
+            pdl.options = lambda device: {}
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                pdl.options = options
 
-    return call
+        return call
 
-
-def pdl_launchers(module: ModuleType) -> list[str]:
-    """The functions defined in `module` that pass `pdl.options` to a launch (the ones `without_pdl` must wrap)."""
-    return [name for name, f in vars(module).items() if inspect.isfunction(f) and f.__module__ == module.__name__
-            and "pdl.options(" in inspect.getsource(f)]
+    real = {} if module is None else {
+        name: f for name, f in vars(module).items()
+        if inspect.isfunction(f) and f.__module__ == module.__name__ and "pdl.options(" in inspect.getsource(f)}
+    for name, f in real.items():
+        setattr(module, name, without(f))
+    try:
+        yield
+    finally:
+        for name, f in real.items():
+            setattr(module, name, f)

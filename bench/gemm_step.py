@@ -23,7 +23,7 @@ from pathlib import Path
 import runtime as rb  # bench/runtime.py: the session, stack and timing
 import step_trace
 
-from common import RESULTS, device_info, without_pdl, write_results
+from common import RESULTS, device_info, pdl_off, write_results
 from gdn_trt.plugins.glue import gemm
 
 DEFAULT = "cublas;64,64,64,4,4,1,0;64,16,64,4,4,1,1;64,16,64,8,4,1,1;64,16,64,8,8,1,1;64,16,128,4,8,1,1"
@@ -68,22 +68,26 @@ def main() -> None:
     args = ap.parse_args()
     if not rb.torch.cuda.is_available():
         raise SystemExit("gemm_step.py needs CUDA")
-    table, real = gemm.TABLE, gemm.launch
+    table = gemm.TABLE
 
     def fresh(launch: str):
         gc.collect()
         rb.torch.cuda.empty_cache()  # the previous row's session: one at a time fits the device
         gemm.TABLE = with_launch(args.n, launch)
-        gemm.launch = without_pdl(real) if launch.endswith("/nopdl") else real
         return rb.Ours(rb.configs()["ours"]).step_fn("decode", [1] * args.n, "static")
+
+    def nopdl(launch: str):
+        return pdl_off(gemm if launch.endswith("/nopdl") else None)
 
     rows = [{"n": args.n, "launch": s} for s in args.launches.split(";")]
     try:
         for r in rows:  # every row timed before any is profiled (bench/runtime.py: CUPTI stays attached)
-            r["step_us"] = round(rb.timed(fresh(r["launch"]), args.steps)[0], 1)
+            with nopdl(r["launch"]):
+                r["step_us"] = round(rb.timed(fresh(r["launch"]), args.steps)[0], 1)
             print(r, flush=True)
         for r in rows:
-            spans = step_trace.trace(fresh(r["launch"]))
+            with nopdl(r["launch"]):
+                spans = step_trace.trace(fresh(r["launch"]))
             layer = layer_means(spans)
             r["in_proj_us"] = round(layer[1][1], 2)
             r["union_us"] = round(rb.union_ns(spans) / 1e3, 1)
@@ -91,7 +95,7 @@ def main() -> None:
             r["layer"] = "; ".join(f"{name.split('<')[0][:22]} {us:.1f} ({gap:+.1f})" for name, us, gap in layer)
             print(r, flush=True)
     finally:
-        gemm.TABLE, gemm.launch = table, real
+        gemm.TABLE = table
     print("wrote", *write_results("gemm-step", rows, device_info(),
                                   ["n", "launch", "step_us", "vs_cublas", "union_us", "in_proj_us", "layer"],
                                   out_dir=args.out), flush=True)

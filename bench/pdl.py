@@ -27,7 +27,7 @@ from pathlib import Path
 import runtime as rb  # bench/runtime.py: the session, stack and timing
 from host_profile import bare
 
-from common import RESULTS, device_info, pdl_launchers, without_pdl, write_results
+from common import RESULTS, device_info, pdl_off, write_results
 
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri
 from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
@@ -46,32 +46,27 @@ OPTIONAL = {"off +gemm64", "on +gemm64"}
 
 
 def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
-    off = FAMILIES[how["without"]] if "without" in how else None
-    real = {attr: getattr(off, attr) for attr in pdl_launchers(off)} if off else {}
     os.environ["GDN_TRT_PDL"] = how.get("env", "1")
     dispatched = gemm.dispatched
     if how.get("m64"):
         gemm.dispatched = lambda m, n: 1 <= m <= 64
-    for attr, launcher in real.items():  # the family's launches without PDL (host side: common.without_pdl)
-        setattr(off, attr, without_pdl(launcher))
     rows = []
     try:
-        o = rb.Ours(rb.configs(rb.DEV == "cpu")["ours"])
-        for n in ns:
-            fn = o.step_fn("decode", [1] * n, "static")
-            fn()  # captures the bucket's graphs with this variant's launches and gates them
-            wall, _ = rb.timed(fn, steps)
-            graphs = o.sess.graphs.replayable(n) if rb.DEV == "cuda" else None
-            replay = rb.replay_us(graphs) if graphs else float("nan")
-            launch = bare(o, n, 100).get("replay", float("nan")) if graphs else float("nan")
-            rows.append({"variant": name, "n": n, "replay_us": round(replay, 2), "wall_us": round(wall, 2),
-                         "launch_us": round(launch, 2)})
-            print(f"{name:18s} N={n:4d}  replay {replay:8.1f} us  wall {wall:8.1f} us  launch {launch:6.1f} us",
-                  flush=True)
-        del o
+        with pdl_off(FAMILIES.get(how.get("without"))):  # the family left out launches without PDL
+            o = rb.Ours(rb.configs(rb.DEV == "cpu")["ours"])
+            for n in ns:
+                fn = o.step_fn("decode", [1] * n, "static")
+                fn()  # captures the bucket's graphs with this variant's launches and gates them
+                wall, _ = rb.timed(fn, steps)
+                graphs = o.sess.graphs.replayable(n) if rb.DEV == "cuda" else None
+                replay = rb.replay_us(graphs) if graphs else float("nan")
+                launch = bare(o, n, 100).get("replay", float("nan")) if graphs else float("nan")
+                rows.append({"variant": name, "n": n, "replay_us": round(replay, 2), "wall_us": round(wall, 2),
+                             "launch_us": round(launch, 2)})
+                print(f"{name:18s} N={n:4d}  replay {replay:8.1f} us  wall {wall:8.1f} us  launch {launch:6.1f} us",
+                      flush=True)
+            del o
     finally:
-        for attr, launcher in real.items():
-            setattr(off, attr, launcher)
         gemm.dispatched = dispatched
         os.environ.pop("GDN_TRT_PDL", None)
         gc.collect()

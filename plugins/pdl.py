@@ -44,26 +44,25 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def enter(PDL: tl.constexpr):
-    """Wait until the previous kernel of the stream has completed and its writes are visible, then let the next
-    kernel launch (see the module docstring for what may come before this call)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-
-
-@triton.jit
 def wait(PDL: tl.constexpr):
-    """The wait of `enter` alone: a kernel that lets the next one launch later calls `release` itself."""
+    """Wait until the previous kernel of the stream has completed and its writes are visible (see the module
+    docstring for what may come before this call)."""
     if PDL:
         gdc_wait()
 
 
 @triton.jit
 def release(PDL: tl.constexpr):
-    """The `launch_dependents` of `enter`, after `wait`."""
+    """Let the next kernel launch, after `wait` (where a kernel triggers later than at its start)."""
     if PDL:
         gdc_launch_dependents()
+
+
+@triton.jit
+def enter(PDL: tl.constexpr):
+    """`wait`, then `release`: what every kernel here calls first, before its first store."""
+    wait(PDL)
+    release(PDL)
 
 
 _LOCAL = threading.local()
