@@ -18,6 +18,7 @@ the cheaper to compile for each (see Tuning).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -493,18 +494,20 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
     if tuning.state_out and len(windows) == 1 and T > 0:
         # the output pass beside the state chain: counts per chunk and key head hand each chunk over
         cnt = torch.zeros(n_chunks * H, dtype=torch.int32, device=dev)
+        flags = 1 if os.environ.get("TRITON_INTERPRET") == "1" else 2  # an add per thread / per warp
         first(0, n_chunks)
         gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
             KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
-            s_bh=b.stride(1), WY=st.wy, FLAGS=True, cnt=cnt, NT=32 * tuning.state_warps, PDL=pdl.capable(dev),
+            s_bh=b.stride(1), WY=st.wy, FLAGS=flags, cnt=cnt, NT=32 * tuning.state_warps, PDL=pdl.capable(dev),
             num_warps=tuning.state_warps,
             num_stages=st.stages, **meta)
         BVo = _v_tile(tuning.out_bv, V)
         gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, H)](
             q, k, rk, rq, gam, h, v_new, o, *seq, *q.stride()[:2], *k.stride()[:2], K ** -0.5, V=V, BK=BK, BV=BVo,
             RQ=tuning.rq_first, FLAGS=True, cnt=cnt,
-            SIGNALS=(HV // H) * triton.cdiv(V, st.bv) * 32 * tuning.state_warps, num_warps=tuning.out_warps,
+            SIGNALS=(HV // H) * triton.cdiv(V, st.bv) * tuning.state_warps * (32 if flags == 1 else 1),
+            num_warps=tuning.out_warps,
             **({"launch_pdl": True} if pdl.capable(dev) else {}), **meta)
         return o
     _pipeline(windows, first, state, out, dev, tuning.state_pipe_high)

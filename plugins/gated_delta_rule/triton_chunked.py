@@ -230,13 +230,21 @@ def store_halves(p, b_h1, b_h2, o_v, m_v, K: tl.constexpr, V: tl.constexpr):
 
 @triton.jit
 def signal_chunk(cnt, i_c, i_h, H: tl.constexpr, NT: tl.constexpr, FLAGS: tl.constexpr):
-    """FLAGS: count this program done with global chunk i_c of key head i_h: each of its NT threads adds 1 with
-    release semantics after its own stores of h_c and v_new (no barrier: a barrier in the chunk loop keeps Triton
-    from software-pipelining the loop's loads, 117 -> 28 KB of shared memory at sm_90, and the chain ran 2.2x
-    slower). The output program waits for NT adds from each state program of its chunk and head."""
-    if FLAGS:
+    """FLAGS: count this program done with global chunk i_c of key head i_h, a count per warp: each warp meets at
+    bar.warp.sync (which orders its lanes' stores of h_c and v_new before lane 0's next operations), then lane 0 adds 1
+    with release semantics. No CTA barrier: one in the chunk loop keeps Triton from software-pipelining the loop's
+    loads (117 -> 28 KB of shared memory at sm_90, the chain 2.2x slower), and an add per thread (128 a program per
+    chunk on one address) made the pair 415 us against 152 in turn at T = 4096. FLAGS 1 (the interpreter): an add per
+    thread. The output program waits for all adds of each state program of its chunk and head."""
+    if FLAGS == 1:  # the interpreter (no inline PTX): an add per thread, NT a program
         tl.atomic_add(cnt + i_c * H + i_h + tl.arange(0, NT) * 0, tl.full([NT], 1, tl.int32), sem="release",
                       scope="gpu")
+    elif FLAGS:
+        p = cnt + i_c * H + i_h + tl.arange(0, NT) * 0
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; bar.warp.sync -1; "
+            "@p red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
+            "=r,l", [p], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
