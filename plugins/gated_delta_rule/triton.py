@@ -503,7 +503,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
             num_warps=tuning.state_warps,
             num_stages=st.stages, **meta)
         BVo = _v_tile(tuning.out_bv, V)
-        gdn_chunk_out_kernel[(triton.cdiv(V, BVo), n_chunks, H)](
+        gdn_chunk_out_kernel[(triton.cdiv(V, BVo), H, n_chunks)](
             q, k, rk, rq, gam, h, v_new, o, *seq, *q.stride()[:2], *k.stride()[:2], K ** -0.5, V=V, BK=BK, BV=BVo,
             RQ=tuning.rq_first, FLAGS=True, cnt=cnt,
             SIGNALS=(HV // H) * triton.cdiv(V, st.bv) * tuning.state_warps * (32 if flags == 1 else 1),

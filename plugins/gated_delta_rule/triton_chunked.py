@@ -399,6 +399,9 @@ def gdn_chunk_out_kernel(
     # [BT, KS] tiles instead of [BT, BK] (the AOT kernel on fp32 activations: 64 KB in one tile, over TensorRT's
     # 48 KiB); KS = 0 (the JIT launches): q and k as one tile each
     i_v, i_c, i_h = tl.program_id(0), c0 + tl.program_id(1), tl.program_id(2)
+    if FLAGS:  # chunks slowest (grid [V tiles, H, chunks]): blocks start in index order, so the resident ones wait on
+        # the chain's nearest chunks of every head, not on one head's last chunks
+        i_c, i_h = c0 + tl.program_id(2), tl.program_id(1)
     G: tl.constexpr = HV // H
     i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
