@@ -79,7 +79,9 @@ def main() -> None:
 
         timed = [("state pass (one launch)", lambda i: state()), ("output pass (one launch)", lambda i: out()),
                  ("state then output", lambda i: (state(), out())),
-                 ("state_out: the pair, counts zeroed", pair), ("zeroing the counts", lambda i: cnt.zero_())]
+                 ("state_out: the pair, counts zeroed", pair),
+                 ("state pass raising the counts, zeroed", lambda i: (cnt.zero_(), f_state())),
+                 ("zeroing the counts", lambda i: cnt.zero_())]
         for label, fn in timed:
             t = time_cuda(fn, target_s=10e-3)
             rows.append(dict(case=f"prefill {T}", launch=label, time_us=round(t.median_us, 1)))

@@ -244,8 +244,6 @@ PIPE_VARIANTS = [
     # the output pass beside the state chain, each chunk handed over by a count (Tuning.state_out)
     ("state_out", dict(state_out=True, state_pipe=1)),
     ("state_out out_bv=64", dict(state_out=True, state_pipe=1, out_bv=64)),
-    ("state_out state_bv=16", dict(state_out=True, state_pipe=1, state_bv=16)),
-    ("state_out state_bv=64 kb", dict(state_out=True, state_pipe=1, state_bv=64, state_kb=True)),
 ]
 PIPE_MANY_VARIANTS = [("state_pipe_many=2", dict(state_pipe_many=2)), ("state_pipe_many=4", dict(state_pipe_many=4)),
                       ("state_out many", dict(state_out=True))]

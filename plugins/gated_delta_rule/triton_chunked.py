@@ -229,22 +229,25 @@ def store_halves(p, b_h1, b_h2, o_v, m_v, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
-def signal_chunk(cnt, i_c, i_h, H: tl.constexpr, NT: tl.constexpr, FLAGS: tl.constexpr):
-    """FLAGS: count this program done with global chunk i_c of key head i_h, a count per warp: each warp meets at
-    bar.warp.sync (which orders its lanes' stores of h_c and v_new before lane 0's next operations), then lane 0 adds 1
-    with release semantics. No CTA barrier: one in the chunk loop keeps Triton from software-pipelining the loop's
-    loads (117 -> 28 KB of shared memory at sm_90, the chain 2.2x slower), and an add per thread (128 a program per
-    chunk on one address) made the pair 415 us against 152 in turn at T = 4096. FLAGS 1 (the interpreter): an add per
-    thread. The output program waits for all adds of each state program of its chunk and head."""
+def signal_chunk(cnt, i_c, i_h, on, H: tl.constexpr, NT: tl.constexpr, FLAGS: tl.constexpr):
+    """FLAGS and on: count this program done with global chunk i_c of key head i_h, a count per warp: each warp meets
+    at bar.warp.sync (which orders its lanes' stores of h_c and v_new before lane 0's next operations), then lane 0
+    adds 1 with release semantics. The state pass counts a chunk at the start of the next one's step, so that the
+    release finds the chunk's stores long issued rather than waiting for them. No CTA barrier: one in the chunk loop
+    keeps Triton from software-pipelining the loop's loads (117 -> 28 KB of shared memory at sm_90, the chain 2.2x
+    slower), and an add per thread (128 a program per chunk on one address) made the pair 415 us against 152 in turn
+    at T = 4096. FLAGS 1 (the interpreter): an add per thread. The output program waits for all adds of each state
+    program of its chunk and head."""
     if FLAGS == 1:  # the interpreter (no inline PTX): an add per thread, NT a program
         tl.atomic_add(cnt + i_c * H + i_h + tl.arange(0, NT) * 0, tl.full([NT], 1, tl.int32), sem="release",
-                      scope="gpu")
+                      scope="gpu", mask=tl.full([NT], 1, tl.int1) & on)
     elif FLAGS:
         p = cnt + i_c * H + i_h + tl.arange(0, NT) * 0
         tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .u32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; bar.warp.sync -1; "
+            "{ .reg .pred p, q; .reg .u32 l; mov.u32 l, %laneid; setp.ne.u32 q, $2, 0; setp.eq.and.u32 p, l, 0, q; "
+            "bar.warp.sync -1; "
             "@p red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
-            "=r,l", [p], dtype=tl.int32, is_pure=False, pack=1)
+            "=r,l,r", [p, tl.full([NT], 1, tl.int32) * on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -328,26 +331,27 @@ def gdn_chunk_state_kernel(
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         j_end = tl.minimum(jh, nc1)
         for j in range(jl, j_end):
+            signal_chunk(cnt, i_c0 + j - 1, i_h, j > jl, H, NT, FLAGS)  # the previous chunk's
             if WY:
                 b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
                                                s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
             else:
                 b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
                                             v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
-            signal_chunk(cnt, i_c0 + j, i_h, H, NT, FLAGS)
         if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):  # the window that goes on from the cut (nc1 < n_chunks)
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         j_begin = tl.maximum(jl, nc1)
         for j in range(j_begin, jh):
+            signal_chunk(cnt, i_c0 + j - 1, i_h, j > jl, H, NT, FLAGS)  # the previous chunk's
             if WY:
                 b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
                                                s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
             else:
                 b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
                                             v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
-            signal_chunk(cnt, i_c0 + j, i_h, H, NT, FLAGS)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
+        signal_chunk(cnt, i_c0 + jh - 1, i_h, jl < jh, H, NT, FLAGS)
         if jl < jh:
             store_halves(pool, b_h1, b_h2, o_v, m_v, K, V)
     else:
@@ -360,26 +364,27 @@ def gdn_chunk_state_kernel(
             tl.store(cap + o_h, b_h, mask=m_h)
         j_end = tl.minimum(jh, nc1)
         for j in range(jl, j_end):
+            signal_chunk(cnt, i_c0 + j - 1, i_h, j > jl, H, NT, FLAGS)  # the previous chunk's
             if WY:
                 b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
             else:
                 b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
                                   o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
-            signal_chunk(cnt, i_c0 + j, i_h, H, NT, FLAGS)
         if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):
             tl.store(cap + o_h, b_h, mask=m_h)
         j_begin = tl.maximum(jl, nc1)
         for j in range(j_begin, jh):
+            signal_chunk(cnt, i_c0 + j - 1, i_h, j > jl, H, NT, FLAGS)  # the previous chunk's
             if WY:
                 b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
             else:
                 b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
                                   o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
-            signal_chunk(cnt, i_c0 + j, i_h, H, NT, FLAGS)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             tl.store(cap + o_h, b_h, mask=m_h)
+        signal_chunk(cnt, i_c0 + jh - 1, i_h, jl < jh, H, NT, FLAGS)
         if jl < jh:
             tl.store(pool + o_h, b_h, mask=m_h)
 
