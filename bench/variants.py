@@ -242,11 +242,10 @@ PIPE_VARIANTS = [
     ("windows of 128, state_stages=5", dict(state_pipe=4, state_pipe_chunks=128, state_stages=5)),
     ("one launch of each pass, state_stages=4", dict(state_pipe=1, state_stages=4)),
     # the output pass beside the state chain, each chunk handed over by a count (Tuning.state_out)
-    ("state_out", dict(state_out=True, state_pipe=1)),
-    ("state_out out_bv=64", dict(state_out=True, state_pipe=1, out_bv=64)),
+    *[(f"state_out g{g}", dict(state_out=g, state_pipe=1)) for g in (4, 8, 16)],
 ]
 PIPE_MANY_VARIANTS = [("state_pipe_many=2", dict(state_pipe_many=2)), ("state_pipe_many=4", dict(state_pipe_many=4)),
-                      ("state_out many", dict(state_out=True))]
+                      ("state_out g8 many", dict(state_out=8))]
 
 
 def prefill_variants(b) -> None:

@@ -270,8 +270,8 @@ CHUNK_VARIANTS = {"rq-after": dict(rq_first=False), "wu-loop": dict(wu_stages=2)
                   "wy-s2": dict(WY, state_stages=2), "wy-w8": dict(WY, state_warps=8),
                   "wy-bv16": dict(WY, state_bv=16), "wy-kb": dict(WY, state_kb=True),
                   "pipe-4": dict(state_pipe=4, state_pipe_many=4, state_pipe_chunks=2),
-                  "state-out": dict(state_out=True, state_pipe=1, state_pipe_many=1),
-                  "state-out-bv16-kb": dict(state_out=True, state_pipe=1, state_bv=16, state_kb=True,
+                  "state-out": dict(state_out=8, state_pipe=1, state_pipe_many=1),
+                  "state-out-bv16-kb": dict(state_out=3, state_pipe=1, state_bv=16, state_kb=True,
                                             state_wy_many=False)}
 ORDER_ONLY = {"pipe-4"}  # variants that change the order and streams of the launches, no compiled kernel
 

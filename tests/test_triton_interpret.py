@@ -207,10 +207,11 @@ else:
 
         for change in (dict(state_wy_many=False), dict(state_kb=True, state_kb_many=True, state_wy_many=False),
                        dict(state_wy=True, state_wy_many=True)):
-            monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, state_out=True, state_bv=16,
+            monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, state_out=3, state_bv=16,
                                                            state_bv_many=16, **change))
             check_chunked(Step((70, 3, 65), (1, -1, 2), (-1, 2, 64)), Heads(1, 2, 96, 48), F32, "cpu")
             check_chunked(Step((130,), (6,), (65,)), Heads(2, 3, 16, 48), F32, "cpu")
+            check_chunked(Step((300,), (0,), (200,)), Heads(1, 2, 16, 16), F32, "cpu")  # counts in groups of 3
 
     def test_gdn_chunked_many_sequence_tiling(monkeypatch):
         # the state pass's tiling for many sequences (Tuning.state_bv_many), taken here on a one-SM "device":

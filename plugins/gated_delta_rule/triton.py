@@ -195,7 +195,7 @@ class Tuning:
     # (it starts once every state program has), each of its programs waiting on a count per chunk and key head that
     # the state programs raise as they store h_c and v_new, so the output of chunk c runs beside the chain's later
     # chunks (`triton_chunked.signal_chunk`, `wait_chunk`); without PDL it runs after the chain, the counts complete
-    state_out: bool = False
+    state_out: int = 0  # > 0: on, the state pass counting this many chunks at a time
     out_bv: int = 128
     out_warps: int = 4
     # 1 / |q| per row computed in pass 1 (from q loads beside its k loads, off the solve's dependent chain) and
@@ -500,7 +500,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
             KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
             s_bh=b.stride(1), WY=st.wy, FLAGS=flags, cnt=cnt, NT=32 * tuning.state_warps, PDL=pdl.capable(dev),
-            num_warps=tuning.state_warps,
+            GROUP=tuning.state_out, num_warps=tuning.state_warps,
             num_stages=st.stages, **meta)
         BVo = _v_tile(tuning.out_bv, V)
         gdn_chunk_out_kernel[(triton.cdiv(V, BVo), H, n_chunks)](

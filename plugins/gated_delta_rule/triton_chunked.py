@@ -229,25 +229,32 @@ def store_halves(p, b_h1, b_h2, o_v, m_v, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
-def signal_chunk(cnt, i_c, i_h, on, H: tl.constexpr, NT: tl.constexpr, FLAGS: tl.constexpr):
-    """FLAGS and on: count this program done with global chunk i_c of key head i_h, a count per warp: each warp meets
-    at bar.warp.sync (which orders its lanes' stores of h_c and v_new before lane 0's next operations), then lane 0
-    adds 1 with release semantics. The state pass counts a chunk at the start of the next one's step, so that the
-    release finds the chunk's stores long issued rather than waiting for them. No CTA barrier: one in the chunk loop
-    keeps Triton from software-pipelining the loop's loads (117 -> 28 KB of shared memory at sm_90, the chain 2.2x
-    slower), and an add per thread (128 a program per chunk on one address) made the pair 415 us against 152 in turn
-    at T = 4096. FLAGS 1 (the interpreter): an add per thread. The output program waits for all adds of each state
-    program of its chunk and head."""
-    if FLAGS == 1:  # the interpreter (no inline PTX): an add per thread, NT a program
-        tl.atomic_add(cnt + i_c * H + i_h + tl.arange(0, NT) * 0, tl.full([NT], 1, tl.int32), sem="release",
-                      scope="gpu", mask=tl.full([NT], 1, tl.int1) & on)
-    elif FLAGS:
-        p = cnt + i_c * H + i_h + tl.arange(0, NT) * 0
+def signal_chunks(cnt, c_first, n, i_h, on, H: tl.constexpr, NT: tl.constexpr, FLAGS: tl.constexpr,
+                  GROUP: tl.constexpr):
+    """FLAGS and on: count this program done with the n (<= GROUP) global chunks from c_first of key head i_h, a count
+    per warp and chunk: each warp meets at bar.warp.sync (which orders its lanes' stores of h_c and v_new before lane
+    0's next operations), lane 0 fences once (fence.acq_rel.gpu) and adds 1 to each chunk's count. The fence stalls
+    the chain until the warp's stores are performed: with one per chunk the state pass alone took 141.6 against 91.9
+    us at T = 4096, so the state pass counts GROUP chunks at a time, at the start of the step after them. No CTA
+    barrier: one in the chunk loop keeps Triton from software-pipelining the loop's loads (117 -> 28 KB of shared
+    memory at sm_90, the chain 2.2x slower); an add per thread (128 a program per chunk on one address) made the
+    pair 415 us against 152 in turn. FLAGS 1 (the interpreter): a release add per thread."""
+    for i in tl.static_range(GROUP):
+        if FLAGS == 1:  # the interpreter (no inline PTX)
+            tl.atomic_add(cnt + (c_first + i) * H + i_h + tl.arange(0, NT) * 0, tl.full([NT], 1, tl.int32),
+                          sem="release", scope="gpu", mask=tl.full([NT], 1, tl.int1) & on & (i < n))
+    if FLAGS == 2:
         tl.inline_asm_elementwise(
-            "{ .reg .pred p, q; .reg .u32 l; mov.u32 l, %laneid; setp.ne.u32 q, $2, 0; setp.eq.and.u32 p, l, 0, q; "
-            "bar.warp.sync -1; "
-            "@p red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
-            "=r,l,r", [p, tl.full([NT], 1, tl.int32) * on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+            "{ .reg .pred p, q; .reg .u32 l; mov.u32 l, %laneid; setp.ne.u32 q, $1, 0; setp.eq.and.u32 p, l, 0, q; "
+            "bar.warp.sync -1; @p fence.acq_rel.gpu; mov.u32 $0, 0; }",
+            "=r,r", [tl.full([NT], 1, tl.int32) * on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        for i in tl.static_range(GROUP):
+            p = cnt + (c_first + i) * H + i_h + tl.arange(0, NT) * 0
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p, q; .reg .u32 l; mov.u32 l, %laneid; setp.ne.u32 q, $2, 0; "
+                "setp.eq.and.u32 p, l, 0, q; @p red.relaxed.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
+                "=r,l,r", [p, tl.full([NT], 1, tl.int32) * (on & (i < n)).to(tl.int32)], dtype=tl.int32,
+                is_pure=False, pack=1)
 
 
 @triton.jit
@@ -276,7 +283,7 @@ def gdn_chunk_state_kernel(
     WY: tl.constexpr = False,
     c_lo=0, c_hi=1 << 30,  # the window of global chunk indices this launch runs (`launch_chunked`'s pipeline)
     FLAGS: tl.constexpr = False, cnt=None,  # `Tuning.state_out`: per-chunk counts for the output pass (below)
-    NT: tl.constexpr = 128, PDL: tl.constexpr = False,
+    NT: tl.constexpr = 128, PDL: tl.constexpr = False, GROUP: tl.constexpr = 1,
 ):
     """KB: the state as two 64-row halves (`state_chunk_kb`, K <= 128), else one [BK, BV] block. WY: v_new from
     T, v and b (`state_chunk_wy`, `state_chunk_wy_kb`), w and u unused and never formed.
@@ -331,7 +338,8 @@ def gdn_chunk_state_kernel(
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         j_end = tl.minimum(jh, nc1)
         for j in range(jl, j_end):
-            signal_chunk(cnt, i_c0 + j - 1, i_h, j > jl, H, NT, FLAGS)  # the previous chunk's
+            signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, (j > jl) & ((j - jl) % GROUP == 0), H, NT, FLAGS,
+                          GROUP)  # the GROUP chunks before this one
             if WY:
                 b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
                                                s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
@@ -342,7 +350,8 @@ def gdn_chunk_state_kernel(
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         j_begin = tl.maximum(jl, nc1)
         for j in range(j_begin, jh):
-            signal_chunk(cnt, i_c0 + j - 1, i_h, j > jl, H, NT, FLAGS)  # the previous chunk's
+            signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, (j > jl) & ((j - jl) % GROUP == 0), H, NT, FLAGS,
+                          GROUP)  # the GROUP chunks before this one
             if WY:
                 b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
                                                s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
@@ -351,7 +360,8 @@ def gdn_chunk_state_kernel(
                                             v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        signal_chunk(cnt, i_c0 + jh - 1, i_h, jl < jh, H, NT, FLAGS)
+        g_last = jl + (jh - jl - 1) // GROUP * GROUP  # the chunks from here on are not counted yet
+        signal_chunks(cnt, i_c0 + g_last, jh - g_last, i_h, jl < jh, H, NT, FLAGS, GROUP)
         if jl < jh:
             store_halves(pool, b_h1, b_h2, o_v, m_v, K, V)
     else:
@@ -364,7 +374,8 @@ def gdn_chunk_state_kernel(
             tl.store(cap + o_h, b_h, mask=m_h)
         j_end = tl.minimum(jh, nc1)
         for j in range(jl, j_end):
-            signal_chunk(cnt, i_c0 + j - 1, i_h, j > jl, H, NT, FLAGS)  # the previous chunk's
+            signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, (j > jl) & ((j - jl) % GROUP == 0), H, NT, FLAGS,
+                          GROUP)  # the GROUP chunks before this one
             if WY:
                 b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
@@ -375,7 +386,8 @@ def gdn_chunk_state_kernel(
             tl.store(cap + o_h, b_h, mask=m_h)
         j_begin = tl.maximum(jl, nc1)
         for j in range(j_begin, jh):
-            signal_chunk(cnt, i_c0 + j - 1, i_h, j > jl, H, NT, FLAGS)  # the previous chunk's
+            signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, (j > jl) & ((j - jl) % GROUP == 0), H, NT, FLAGS,
+                          GROUP)  # the GROUP chunks before this one
             if WY:
                 b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
@@ -384,7 +396,8 @@ def gdn_chunk_state_kernel(
                                   o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             tl.store(cap + o_h, b_h, mask=m_h)
-        signal_chunk(cnt, i_c0 + jh - 1, i_h, jl < jh, H, NT, FLAGS)
+        g_last = jl + (jh - jl - 1) // GROUP * GROUP  # the chunks from here on are not counted yet
+        signal_chunks(cnt, i_c0 + g_last, jh - g_last, i_h, jl < jh, H, NT, FLAGS, GROUP)
         if jl < jh:
             tl.store(pool + o_h, b_h, mask=m_h)
 
