@@ -338,8 +338,8 @@ def gdn_chunk_state_kernel(
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         j_end = tl.minimum(jh, nc1)
         for j in range(jl, j_end):
-            signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, (j > jl) & ((j - jl) % GROUP == 0), H, NT, FLAGS,
-                          GROUP)  # the GROUP chunks before this one
+            if FLAGS and (j > jl) and ((j - jl) % GROUP == 0):  # the GROUP chunks before this one
+                signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, j > jl, H, NT, FLAGS, GROUP)
             if WY:
                 b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
                                                s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
@@ -350,8 +350,8 @@ def gdn_chunk_state_kernel(
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         j_begin = tl.maximum(jl, nc1)
         for j in range(j_begin, jh):
-            signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, (j > jl) & ((j - jl) % GROUP == 0), H, NT, FLAGS,
-                          GROUP)  # the GROUP chunks before this one
+            if FLAGS and (j > jl) and ((j - jl) % GROUP == 0):  # the GROUP chunks before this one
+                signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, j > jl, H, NT, FLAGS, GROUP)
             if WY:
                 b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
                                                s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
@@ -374,8 +374,8 @@ def gdn_chunk_state_kernel(
             tl.store(cap + o_h, b_h, mask=m_h)
         j_end = tl.minimum(jh, nc1)
         for j in range(jl, j_end):
-            signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, (j > jl) & ((j - jl) % GROUP == 0), H, NT, FLAGS,
-                          GROUP)  # the GROUP chunks before this one
+            if FLAGS and (j > jl) and ((j - jl) % GROUP == 0):  # the GROUP chunks before this one
+                signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, j > jl, H, NT, FLAGS, GROUP)
             if WY:
                 b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
@@ -386,8 +386,8 @@ def gdn_chunk_state_kernel(
             tl.store(cap + o_h, b_h, mask=m_h)
         j_begin = tl.maximum(jl, nc1)
         for j in range(j_begin, jh):
-            signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, (j > jl) & ((j - jl) % GROUP == 0), H, NT, FLAGS,
-                          GROUP)  # the GROUP chunks before this one
+            if FLAGS and (j > jl) and ((j - jl) % GROUP == 0):  # the GROUP chunks before this one
+                signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, j > jl, H, NT, FLAGS, GROUP)
             if WY:
                 b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
