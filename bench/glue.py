@@ -14,7 +14,8 @@ layer. Per (model, case, glue):
 - gemm/gdn/conv/glue_us: device time of the kernels of each category (torch.profiler, eager), and n_kernels;
 - floor_us (decode modes): the layer's weights plus each sequence's state read and written once (verify: the
   stash written per token), at the copy bandwidth measured in the same run; target: the issue's ratio;
-- host_us: the duration of one eager call started on an idle GPU (Python and launch cost);
+- host_us: the duration of one eager call started on an idle GPU (Python and launch cost), taken in a first pass
+  over every row, before any profile (CUPTI, once attached, slows every launch);
 - err: relative RMS difference of the layer output from the torch glue's on the same inputs and start state.
 Writes `<out>/<date>-glue.{json,md,png}`; a run cut by its deadline writes what it measured and says so.
 """
@@ -166,8 +167,7 @@ class Runner:
 
     def __init__(self, stack: Stack, step: Step, glue: str):
         self.stack, self.s, self.glue = stack, step, glue
-        for layer in stack.layers:
-            layer.fused_glue = glue == "fused"  # compiled: the torch code (the layer never fuses under compile)
+        self.arm()
         self.compile_s = None
         self.body = self._run
         if glue == "compiled":
@@ -177,6 +177,12 @@ class Runner:
             self(0)
             _sync()
             self.compile_s = time.perf_counter() - t
+
+    def arm(self, on: bool = True) -> None:
+        """Set the stack's layers to this runner's glue (compiled: the torch code, the layer never fuses under
+        compile); off: back to the layers' default. The runners of one model share its layers."""
+        for layer in self.stack.layers:
+            layer.fused_glue = (self.glue == "fused") if on else None
 
     def _run(self, layer: GdnLayer, state: LayerState, extra):
         return layer.run(self.s.mode, self.s.step, state, extra)[0].x
@@ -211,28 +217,35 @@ def host_us(run: Runner) -> float:
 
 
 def measure(model: str, stack: Stack, case: str, glue: str, ref: torch.Tensor | None, bw: float
-            ) -> tuple[Row, torch.Tensor]:
+            ) -> tuple[Row, torch.Tensor, Runner]:
+    """The timing pass's figures of one row (no profiler may have run in the process yet: see `main`)."""
     step = make_step(stack, case)
     run = Runner(stack, step, glue)
     out = run.output()
     err = 0.0 if ref is None else ((out.double() - ref.double()).pow(2).mean().sqrt()
                                    / ref.double().pow(2).mean().sqrt()).item()
     t = time_cuda(run, n_sets=COPIES)
+    row = Row(model, case, glue, t.median_us, t.p10_s * 1e6, t.p90_s * 1e6, 0.0, 0.0, 0.0, 0.0, 0.0, host_us(run),
+              err, compile_s=run.compile_s, timing=t.method)
+    row.floor_us = floor_us(stack, case, bw)
+    if row.floor_us:
+        row.over_floor = row.device_us / row.floor_us
+    run.arm(False)
+    return row, out, run
+
+
+def profile_row(row: Row, run: Runner) -> None:
+    """The profiling pass's figures of one row: device time per kernel category, kernels per layer."""
+    run.arm()
     kernels = {k: v / COPIES for k, v in kernel_breakdown(lambda: [run(i) for i in range(COPIES)]).items()}
     cat = {c: 0.0 for c in ("gemm", "gdn", "conv", "glue")}
     for k, v in kernels.items():
         cat[category(k)] += v
-    row = Row(model, case, glue, t.median_us, t.p10_s * 1e6, t.p90_s * 1e6, cat["gemm"], cat["gdn"], cat["conv"],
-              cat["glue"], 0.0, host_us(run), err, compile_s=run.compile_s, timing=t.method,
-              kernels={k: round(v, 2) for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])})
+    row.gemm_us, row.gdn_us, row.conv_us, row.glue_us = cat["gemm"], cat["gdn"], cat["conv"], cat["glue"]
+    row.kernels = {k: round(v, 2) for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])}
     row.n_kernels = _count_kernels(run)
-    row.floor_us = floor_us(stack, case, bw)
-    if row.floor_us:
-        row.over_floor = row.device_us / row.floor_us
     row.over_kernels = row.device_us / max(1e-9, row.gemm_us + row.gdn_us + row.conv_us)
-    for layer in stack.layers:
-        layer.fused_glue = None
-    return row, out
+    run.arm(False)
 
 
 def _count_kernels(run: Runner) -> float:
@@ -301,12 +314,16 @@ def main() -> None:
     refs: dict[tuple[str, str], torch.Tensor] = {}
     # a run cut by `timeout` (SIGTERM) still writes what it measured, and says so in the meta
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    # two passes: every row's replay and host figures first, then every row's kernels. Once torch.profiler has run
+    # in a process, CUPTI stays attached and every later launch pays for it (bench/runtime.py measured a step's
+    # enqueue more than doubled at N = 1, H200, 2026-12-04), so no row's host_us may be taken after any profile.
+    runs: list[Runner] = []
     for m, c, g in plan:
         if time.perf_counter() - t0 > args.deadline:
             skipped.append(f"{m} {c} {g}: deadline")
             continue
         try:
-            row, out = measure(m, stacks[m], c, g, refs.get((m, c)), bw["best"])
+            row, out, run = measure(m, stacks[m], c, g, refs.get((m, c)), bw["best"])
         except SystemExit:
             skipped.append(f"{m} {c} {g}: stopped by SIGTERM (time limit) with the rows after it")
             break
@@ -317,9 +334,23 @@ def main() -> None:
         if g == "torch":
             refs[(m, c)] = out
         rows.append(row)
-        print(f"{m:<14} {c:<20} {g:<9} device {row.device_us:9.1f} us  gemm {row.gemm_us:8.1f} gdn {row.gdn_us:7.1f} "
-              f"conv {row.conv_us:6.1f} glue {row.glue_us:7.1f}  kernels {row.n_kernels:5.1f}  host {row.host_us:7.1f}"
-              f"  floor {row.floor_us or 0:7.1f}  err {row.err:.1e}", flush=True)
+        runs.append(run)
+        print(f"{m:<14} {c:<20} {g:<9} device {row.device_us:9.1f} us  host {row.host_us:7.1f}  floor "
+              f"{row.floor_us or 0:7.1f}  err {row.err:.1e}", flush=True)
+    for row, run in zip(rows, runs):
+        try:
+            profile_row(row, run)
+        except SystemExit:
+            skipped.append(f"{row.model} {row.case} {row.glue} and the rows after it: no kernel breakdown "
+                           "(stopped by SIGTERM)")
+            break
+        except Exception as e:  # noqa: BLE001
+            skipped.append(f"{row.model} {row.case} {row.glue}: no kernel breakdown: {type(e).__name__}: "
+                           f"{str(e)[:200]}")
+            print("FAILED", skipped[-1], flush=True)
+            continue
+        print(f"{row.model:<14} {row.case:<20} {row.glue:<9} gemm {row.gemm_us:8.1f} gdn {row.gdn_us:7.1f} "
+              f"conv {row.conv_us:6.1f} glue {row.glue_us:7.1f}  kernels {row.n_kernels:5.1f}", flush=True)
     if skipped:
         meta["skipped"] = skipped
     meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
