@@ -317,7 +317,7 @@ def main() -> None:
     # two passes: every row's replay and host figures first, then every row's kernels. Once torch.profiler has run
     # in a process, CUPTI stays attached and every later launch pays for it (bench/runtime.py measured a step's
     # enqueue more than doubled at N = 1, H200, 2026-12-04), so no row's host_us may be taken after any profile.
-    runs: list[Runner] = []
+    runners: list[Runner] = []  # rows[i]'s, for the profiling pass
     for m, c, g in plan:
         if time.perf_counter() - t0 > args.deadline:
             skipped.append(f"{m} {c} {g}: deadline")
@@ -334,10 +334,10 @@ def main() -> None:
         if g == "torch":
             refs[(m, c)] = out
         rows.append(row)
-        runs.append(run)
+        runners.append(run)
         print(f"{m:<14} {c:<20} {g:<9} device {row.device_us:9.1f} us  host {row.host_us:7.1f}  floor "
               f"{row.floor_us or 0:7.1f}  err {row.err:.1e}", flush=True)
-    for row, run in zip(rows, runs):
+    for row, run in zip(rows, runners):
         try:
             profile_row(row, run)
         except SystemExit:

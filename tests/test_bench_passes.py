@@ -5,6 +5,7 @@ timers replaced by recorders (the layer itself runs, decode N = 1, both eager gl
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -55,6 +56,6 @@ def test_glue_takes_every_host_figure_before_any_profile(glue, monkeypatch, tmp_
     kinds = [k for k, _ in events]
     assert [g for k, g in events if k == "host"] == ["torch", "fused"]
     assert kinds == ["host", "host", "profile", "profile"], kinds
-    rows = __import__("json").loads(next(tmp_path.glob("*-glue.json")).read_text())["rows"]
+    rows = json.loads(next(tmp_path.glob("*-glue.json")).read_text())["rows"]
     assert [(r["glue"], r["gemm_us"], r["gdn_us"], r["glue_us"]) for r in rows] == [("torch", 2.0, 1.0, 0.5),
                                                                                    ("fused", 2.0, 1.0, 0.5)]
