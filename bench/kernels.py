@@ -341,7 +341,6 @@ def main() -> None:
                     help=f"comma-separated subset of {SECTIONS} (default: all but the sweep), or 'round2' for "
                          f"{ROUND2}")
     ap.add_argument("--pipe-match", default="", help="prefill-pipe: only the variants whose name holds this text")
-    ap.add_argument("--decode-match", default="", help="decode-var: only the variants whose name holds this text")
     ap.add_argument("--prefill-T", default="4096,16384,65536",
                     help="single-sequence prefill lengths of the prefill section (varlen 16 x 1024 always runs)")
     args = ap.parse_args()
@@ -365,7 +364,7 @@ def main() -> None:
             for n in (1, 8, 64, 256):
                 b.recurrent(n, 1, False)
         if "decode-var" in only:
-            variants.decode_variants(b, args.decode_match)
+            variants.decode_variants(b)
         if "prefill" in only:
             for t in map(int, args.prefill_T.split(",")):
                 b.chunked([t])

@@ -76,28 +76,16 @@ PERSIST_VARIANTS = [(f"persist {p}/SM bv{bv} w{w} s{st}" + (" words" if pairs el
                         (True, 64, 2, 2, 3), (True, 64, 2, 2, 4), (True, 64, 4, 2, 2), (True, 64, 4, 2, 3),
                         (True, 32, 2, 3, 4), (True, 32, 2, 3, 5), (True, 32, 2, 2, 4), (True, 32, 2, 2, 6),
                         (True, 32, 4, 2, 4), (True, 32, 4, 3, 4))]
-# the persistent grid with its tile through a TMA descriptor (Tuning.rec_persist_tma): one bulk copy per item into
-# the loop's shared-memory ring, rec_persist_stages - 1 tiles in flight a program; with the program's packing in
-# registers before the loop (rec_persist_pre) and the 2-byte inputs read as words (rec_persist_pairs), nothing in the
-# loop waits on a load of the loop but the tile's and its operands' (pipelined) copies. (programs per SM, tile,
-# warps, stages, TMA) inside sm_90's 228 KB of shared memory per SM (Triton 3.9's sm_90 compile)
-TMA_PERSIST_VARIANTS = [(f"persist{' tma' if tma else ''} pre words {p}/SM bv{bv} w{w} s{st}",
-                         dict(rec_persist=p, rec_persist_tma=tma, rec_persist_pre=True, rec_persist_pairs=True,
-                              rec_bv=bv, rec_warps=w, rec_persist_stages=st))
-                        for p, bv, w, st, tma in ((1, 64, 4, 7, True), (1, 64, 8, 7, True), (2, 64, 4, 4, True),
-                                                  (1, 128, 8, 4, True), (2, 32, 4, 7, True), (3, 32, 2, 5, True),
-                                                  (4, 32, 2, 4, True), (3, 64, 2, 3, False), (4, 32, 2, 3, False))]
 # the few-sequence tile at N = 1 (the TMA variants, rec_tma_few, timed slower at commit e325b03: 16 x 1 4.2 us, 8 x 1
 # 4.4 us against the default's 3.8, H200, 2026-12-03-kernels-decode.md)
 DECODE_FEW_VARIANTS = [("tile bv16 w1 (few: Tuning)", dict())]
 
 
-def decode_variants(b, match: str = "") -> None:
+def decode_variants(b) -> None:
     """At N = 1 the few-sequence tile and its TMA variants, and the few-sequence grids moving only the state; at
     N = 64 and 256 the many-sequence tile, the same default grid moving only the state (the ceiling the step's
     compute is measured against) and the persistent grid's variants, then the other many-sequence variants (one
-    token per sequence; last, so that a run cut by its time limit loses those first). match: only the variants
-    whose label holds this text (the defaults and the state-only grid always run)."""
+    token per sequence; last, so that a run cut by its time limit loses those first)."""
     for label, change in DECODE_FEW_VARIANTS:
         b.recurrent(1, 1, False, replace(b.gdn, **change), label, fla=False)["section"] = "decode-var"
     copy_floor_one(b)
@@ -112,7 +100,7 @@ def decode_variants(b, match: str = "") -> None:
                                                                          BV=64, num_warps=2), sets)
         b.add("decode-var", f"decode {n}x1", "state copy only bv64 w2", t, state_TBps=nbytes / t.median_s / 1e12,
               pct_copy_bw=100 * nbytes / t.median_s / b.copy_bw)
-        for label, change in [v for v in PERSIST_VARIANTS + TMA_PERSIST_VARIANTS if match in v[0]]:
+        for label, change in PERSIST_VARIANTS:
             seen = _compiled(gdn_tri.gdn_decode_persist_kernel)
             tu = replace(b.gdn, rec_few_below=0, **change)
             b.recurrent(n, 1, False, tu, label, fla=False)["section"] = "decode-var"
@@ -120,11 +108,10 @@ def decode_variants(b, match: str = "") -> None:
                 if key not in seen:
                     print(f"compiled  {label:34s} {info}", flush=True)
     for n in (64, 256):
-        for label, change in [v for v in DECODE_VARIANTS[1:] if match in v[0]]:
+        for label, change in DECODE_VARIANTS[1:]:
             tu = replace(b.gdn, rec_few_below=0, **change)
             b.recurrent(n, 1, False, tu, label, fla=False)["section"] = "decode-var"
-    if not match:
-        fused_decode_probe(b)
+    fused_decode_probe(b)
 
 
 def _compiled(fn) -> dict:
@@ -241,11 +228,8 @@ PIPE_VARIANTS = [
     ("windows of 128, state_stages=4", dict(state_pipe=4, state_pipe_chunks=128, state_stages=4)),
     ("windows of 128, state_stages=5", dict(state_pipe=4, state_pipe_chunks=128, state_stages=5)),
     ("one launch of each pass, state_stages=4", dict(state_pipe=1, state_stages=4)),
-    # the output pass beside the state chain, each chunk handed over by a count (Tuning.state_out)
-    *[(f"state_out g{g}", dict(state_out=g, state_pipe=1)) for g in (4, 8, 16)],
 ]
-PIPE_MANY_VARIANTS = [("state_pipe_many=2", dict(state_pipe_many=2)), ("state_pipe_many=4", dict(state_pipe_many=4)),
-                      ("state_out g8 many", dict(state_out=8))]
+PIPE_MANY_VARIANTS = [("state_pipe_many=2", dict(state_pipe_many=2)), ("state_pipe_many=4", dict(state_pipe_many=4))]
 
 
 def prefill_variants(b) -> None:

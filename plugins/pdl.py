@@ -92,15 +92,6 @@ def enabled(device: torch.device) -> bool:
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def capable(device: torch.device) -> bool:
-    """Whether a kernel may be launched programmatically dependent on `device` (CUDA, sm_90+, not the interpreter,
-    GDN_TRT_PDL not 0) whatever the scope: for a launch whose reads wait on flags of their own, not on the rule above
-    (`Tuning.state_out` of the chunked GDN)."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("GDN_TRT_PDL") == "0":
-        return False
-    return _capable(device.index if device.index is not None else torch.cuda.current_device())
-
-
 @functools.cache
 def _capable(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9

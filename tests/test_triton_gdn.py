@@ -222,17 +222,7 @@ REC_VARIANTS = {"bv128-w4-sub32": dict(rec_bv=128, rec_warps=4, rec_sub=32, rec_
                 "persist-3-kh-s3": dict(rec_persist=3, rec_persist_kh=True, rec_persist_stages=3),
                 **{f"persist-{p}-bv{bv}-w{w}-s{st}-pairs": dict(rec_persist=p, rec_bv=bv, rec_warps=w,
                                                                 rec_persist_stages=st, rec_persist_pairs=True)
-                   for p, bv, w, st in ((3, 64, 2, 3), (4, 64, 2, 2), (4, 32, 2, 3), (3, 64, 4, 2), (4, 32, 4, 2))},
-                # the persistent grid's tile through a TMA descriptor (rec_persist_tma), its packing read before the
-                # loop (rec_persist_pre), as bench/variants.py times them
-                **{f"persist-tma-{p}-bv{bv}-w{w}-s{st}": dict(rec_persist=p, rec_persist_tma=True, rec_bv=bv,
-                                                              rec_warps=w, rec_persist_stages=st)
-                   for p, bv, w, st in ((1, 64, 4, 4), (2, 64, 4, 4), (3, 32, 2, 5))},
-                **{f"persist-pre-{p}-bv{bv}-w{w}-s{st}" + ("-tma" if tma else ""):
-                   dict(rec_persist=p, rec_persist_tma=tma, rec_persist_pre=True, rec_persist_pairs=True, rec_bv=bv,
-                        rec_warps=w, rec_persist_stages=st)
-                   for p, bv, w, st, tma in ((1, 64, 8, 7, True), (2, 64, 4, 4, True), (1, 128, 8, 4, True),
-                                             (3, 32, 2, 5, True), (3, 64, 2, 3, False))}}
+                   for p, bv, w, st in ((3, 64, 2, 3), (4, 64, 2, 2), (4, 32, 2, 3), (3, 64, 4, 2), (4, 32, 4, 2))}}
 
 
 def aligned_inputs(*args):
@@ -269,10 +259,7 @@ CHUNK_VARIANTS = {"rq-after": dict(rq_first=False), "wu-loop": dict(wu_stages=2)
                   "wy-many-one-block": dict(state_wy_many=True, state_kb_many=False),
                   "wy-s2": dict(WY, state_stages=2), "wy-w8": dict(WY, state_warps=8),
                   "wy-bv16": dict(WY, state_bv=16), "wy-kb": dict(WY, state_kb=True),
-                  "pipe-4": dict(state_pipe=4, state_pipe_many=4, state_pipe_chunks=2),
-                  "state-out": dict(state_out=8, state_pipe=1, state_pipe_many=1),
-                  "state-out-bv16-kb": dict(state_out=3, state_pipe=1, state_bv=16, state_kb=True,
-                                            state_wy_many=False)}
+                  "pipe-4": dict(state_pipe=4, state_pipe_many=4, state_pipe_chunks=2)}
 ORDER_ONLY = {"pipe-4"}  # variants that change the order and streams of the launches, no compiled kernel
 
 
@@ -355,7 +342,7 @@ def _steps_same_shape() -> list[Step]:
 @pytest.mark.parametrize("op", ["recurrent", "recurrent_stash", "chunked", "chunked:pipe-4", "recurrent:tma-bv64-w2",
                                 "recurrent:tma-bv128-w4-sub16", "recurrent_stash:tma-bv64-w2", "recurrent:ahead-3",
                                 "recurrent:persist-3-bv64-w2-s3", "recurrent:persist-3-kh-s3",
-                                "recurrent:persist-3-bv64-w2-s3-pairs", "chunked:state-out"])
+                                "recurrent:persist-3-bv64-w2-s3-pairs"])
 def test_cuda_graph(op, monkeypatch):
     from gdn_trt.plugins.gated_delta_rule import op as gdn_op
 

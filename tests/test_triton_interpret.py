@@ -95,19 +95,6 @@ else:
             check_recurrent(Step((1, 1, 3, 1, 0, 2), (3, -1, 0, 2, 5, -1)), Heads(2, 2, 24, 48), F32, "cpu",
                             stash=False)
             check_recurrent(Step((3, 0, 1, 2), (1, 2, 5, -1)), Heads(1, 3, 16, 40), F32, "cpu", stash=True)
-        # the tile through a TMA descriptor (rec_persist_tma) where the tiles are whole (K = 16, V = 64 or 32 in
-        # 32-wide tiles; the masked shape, K = 24, V = 48, takes the plain loads),
-        # with the packing read before the loop (rec_persist_pre) too, and that alone
-        for change in (dict(rec_persist_tma=True, rec_persist_stages=2), dict(rec_persist_tma=True,
-                                                                               rec_persist_pre=True),
-                       dict(rec_persist_pre=True)):
-            monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, rec_few_below=0, rec_bv=32, rec_persist=2,
-                                                           **change))
-            check_recurrent(Step((1, 1, 1, 1, 1), (3, -1, 0, 2, 6)), Heads(2, 2, 16, 64), F32, "cpu", stash=False)
-            check_recurrent(Step((1, 1, 3, 1, 0, 2), (3, -1, 0, 2, 5, -1)), Heads(2, 2, 16, 32), F32, "cpu",
-                            stash=False)
-            check_recurrent(Step((1, 1, 3, 1, 0, 2), (3, -1, 0, 2, 5, -1)), Heads(2, 2, 24, 48), F32, "cpu",
-                            stash=False)
 
     def test_gdn_recurrent_persistent_word_reads(monkeypatch):
         # the persistent grid reading bf16 q, k, v, a, b as 4-byte words (Tuning.rec_persist_pairs; aligned inputs)
@@ -196,22 +183,6 @@ else:
         monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, state_kb=True))
         check_chunked(Step((70, 3, 65), (1, 0, 2), (-1, 2, 64)), Heads(1, 2, 96, 24), F32, "cpu")
         check_chunked(Step((66,), (6,), (33,)), Heads(1, 1, 16, 16), F32, "cpu")
-
-    def test_gdn_chunked_state_out(monkeypatch):
-        # the output pass waiting on per-chunk counts of the state pass (Tuning.state_out; the interpreter runs the
-        # two launches one after the other): several state V-tiles a head (state_bv 16 against V = 48), G = 2 and 3,
-        # a padding sequence, captures inside and at the ends, one tile, the 64-row halves (K = 96) and WY
-        from dataclasses import replace
-
-        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
-
-        for change in (dict(state_wy_many=False), dict(state_kb=True, state_kb_many=True, state_wy_many=False),
-                       dict(state_wy=True, state_wy_many=True)):
-            monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, state_out=3, state_bv=16,
-                                                           state_bv_many=16, **change))
-            check_chunked(Step((70, 3, 65), (1, -1, 2), (-1, 2, 64)), Heads(1, 2, 96, 48), F32, "cpu")
-            check_chunked(Step((130,), (6,), (65,)), Heads(2, 3, 16, 48), F32, "cpu")
-            check_chunked(Step((300,), (0,), (200,)), Heads(1, 2, 16, 16), F32, "cpu")  # counts in groups of 3
 
     def test_gdn_chunked_many_sequence_tiling(monkeypatch):
         # the state pass's tiling for many sequences (Tuning.state_bv_many), taken here on a one-SM "device":

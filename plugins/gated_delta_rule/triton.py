@@ -18,7 +18,6 @@ the cheaper to compile for each (see Tuning).
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -107,16 +106,6 @@ class Tuning:
     rec_persist_stages: int = 2
     rec_persist_kh: bool = False
     rec_persist_pairs: bool = False
-    # the persistent grid's tile through a TMA descriptor (sm_90+, whole tiles: BK = K, V a multiple of rec_bv), one
-    # bulk copy per item into the loop's shared-memory ring (rec_persist_stages - 1 tiles in flight a program), so
-    # the reads in flight per SM are bounded by shared memory rather than by registers. (Triton 3.9's warp
-    # specialisation, `tl.range(warp_specialize=True)`, leaves this loop as it is: the same sm_90 code, no producer
-    # warp.)
-    rec_persist_tma: bool = False
-    # the persistent grid's packing for its items read into registers before the loop, so that a tile's address (the
-    # slot) does not wait on a load issued one item earlier (Triton 3.9's pipeliner puts the packing loads one stage
-    # ahead of the tile loads they address)
-    rec_persist_pre: bool = False
     solve_warps: int = 1  # the latency-bound triangular solve: few warps keep its reductions inside a warp
     solve_bk: int = 32  # K-slice of the k k^T accumulation in the solve pass (registers of a 1-2 warp program)
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
@@ -185,17 +174,20 @@ class Tuning:
     # has programs to spare already). Also timed and taken out: the output pass's products done by the state
     # pass's programs (h and v_new never stored), 1338.7 against 959.2 us at T = 16384: the chain took them on.
     # And the output pass beside the state pass in one window, each chunk handed over by a count per chunk and key
-    # head (commit c221c99, 2026-12-04-kernels-state-out-pdl.md, -8.md): 348.6-357.6 against 246.7 us at T = 4096;
-    # the output was all hidden, but the chain stepped 2.7-2.9x slower with its programs on the same SMs.
+    # head (commits c221c99, 3ac1dc3, 2026-12-04-kernels-state-out-*.md): 348.6-416.8 against 246.7 us at T = 4096,
+    # the chain 2.2-2.9x slower: the barrier before each count kept Triton from pipelining the chunk loop's loads
+    # (117 -> 28 KB of shared memory at sm_90). Without a barrier (commits 6235b19-8d9f1b3, -state-out-{rel,warp,
+    # order,late,group}.md), the output grid chunks-slowest, a count per warp: the pair drew level with the two
+    # passes in turn (153.0 against 152.3 us at T = 4096, the output all hidden), but the counts alone slowed the
+    # chain (the state pass 141.6-145.3 against 92 with a fence a chunk, 121.9 with one every 8); the best prefill,
+    # 4 chunks a count, 240.8 against 246.9 at 4096 and 917.3 against 916.8 at 16384. With the counts behind a
+    # branch taken on group boundaries only (commits 13e4217, d409d19, -state-out-branch.md): the state pass alone
+    # 107.8 us with 8 chunks a count against 92.7 without, the pair 146.4 against 152.4 in turn, the best prefill
+    # 243.9 against 248.0 at 4096 and 925.1 against 916.0 at 16384: a few us, not the 1.2x.
     state_pipe: int = 4
     state_pipe_many: int = 1
     state_pipe_chunks: int = 128
     state_pipe_high: bool = True
-    # where the prefill runs as one window: the output pass launched programmatically dependent on the state pass
-    # (it starts once every state program has), each of its programs waiting on a count per chunk and key head that
-    # the state programs raise as they store h_c and v_new, so the output of chunk c runs beside the chain's later
-    # chunks (`triton_chunked.signal_chunk`, `wait_chunk`); without PDL it runs after the chain, the counts complete
-    state_out: int = 0  # > 0: on, the state pass counting this many chunks at a time
     out_bv: int = 128
     out_warps: int = 4
     # 1 / |q| per row computed in pass 1 (from q loads beside its k loads, off the solve's dependent chain) and
@@ -284,19 +276,11 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
     strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride())
     if tuning.rec_persist > 0 and not few and ssm_stash is None and not sub and not tma and ssm_pool.shape[0] > 0:
         items = NV * HV * N
-        desc = None
-        if (tuning.rec_persist_tma and _has_tma(ssm_pool.device) and BK == K and V % BV == 0
-                and ssm_pool.data_ptr() % 16 == 0):
-            desc = TensorDescriptor(ssm_pool.view(-1, K, V), [ssm_pool.numel() // (K * V), K, V], [K * V, V, 1],
-                                    [1, BK, BV])
-        grid = min(items, _sm_count(q.device) * tuning.rec_persist)
-        gdn_decode_persist_kernel[(grid,)](
+        gdn_decode_persist_kernel[(min(items, _sm_count(q.device) * tuning.rec_persist),)](
             q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, pack.cu_seqlens, pack.slots, *strides, K ** -0.5, items,
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STREAM=tuning.rec_stream, STAGES=tuning.rec_persist_stages,
-            KH=tuning.rec_persist_kh and BK >= 2 and desc is None,
-            PAIRS=tuning.rec_persist_pairs and _word_pairs(q, k, v, a, b, BK), desc=desc, TMA=desc is not None,
-            PRE=triton.next_power_of_2(triton.cdiv(items, grid)) if tuning.rec_persist_pre else 0,
-            num_warps=warps, **pdl.options(q.device))
+            KH=tuning.rec_persist_kh and BK >= 2, PAIRS=tuning.rec_persist_pairs and _word_pairs(q, k, v, a, b, BK),
+            num_warps=warps)
         return o
     if tma and _has_tma(ssm_pool.device) and V % 4 == 0 and ssm_pool.data_ptr() % 16 == 0:
         pool = TensorDescriptor(ssm_pool.view(-1, K, V), [ssm_pool.numel() // (K * V), K, V], [K * V, V, 1],
@@ -490,25 +474,6 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
             q, k, rk, rq, gam, h, v_new, o, *seq, *q.stride()[:2], *k.stride()[:2], K ** -0.5, V=V, BK=BK, BV=BVo,
             RQ=tuning.rq_first, c0=lo, num_warps=tuning.out_warps, **meta)
 
-    windows = _windows(st.pipe, tuning.state_pipe_chunks, T, n_chunks)
-    if tuning.state_out and len(windows) == 1 and T > 0:
-        # the output pass beside the state chain: counts per chunk and key head hand each chunk over
-        cnt = torch.zeros(n_chunks * H, dtype=torch.int32, device=dev)
-        flags = 1 if os.environ.get("TRITON_INTERPRET") == "1" else 2  # an add per thread / per warp
-        first(0, n_chunks)
-        gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
-            k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
-            KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
-            s_bh=b.stride(1), WY=st.wy, FLAGS=flags, cnt=cnt, NT=32 * tuning.state_warps, PDL=pdl.capable(dev),
-            GROUP=tuning.state_out, num_warps=tuning.state_warps,
-            num_stages=st.stages, **meta)
-        BVo = _v_tile(tuning.out_bv, V)
-        gdn_chunk_out_kernel[(triton.cdiv(V, BVo), H, n_chunks)](
-            q, k, rk, rq, gam, h, v_new, o, *seq, *q.stride()[:2], *k.stride()[:2], K ** -0.5, V=V, BK=BK, BV=BVo,
-            RQ=tuning.rq_first, FLAGS=True, cnt=cnt,
-            SIGNALS=(HV // H) * triton.cdiv(V, st.bv) * tuning.state_warps * (32 if flags == 1 else 1),
-            num_warps=tuning.out_warps,
-            **({"launch_pdl": True} if pdl.capable(dev) else {}), **meta)
-        return o
-    _pipeline(windows, first, state, out, dev, tuning.state_pipe_high)
+    _pipeline(_windows(st.pipe, tuning.state_pipe_chunks, T, n_chunks), first, state, out, dev,
+              tuning.state_pipe_high)
     return o

@@ -30,8 +30,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import pdl
-
 
 BT = 64  # chunk size
 BC = 16  # sub-block of the triangular solve (triton_intra.py)
@@ -229,49 +227,6 @@ def store_halves(p, b_h1, b_h2, o_v, m_v, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
-def signal_chunks(cnt, c_first, n, i_h, on, H: tl.constexpr, NT: tl.constexpr, FLAGS: tl.constexpr,
-                  GROUP: tl.constexpr):
-    """FLAGS and on: count this program done with the n (<= GROUP) global chunks from c_first of key head i_h, a count
-    per warp and chunk: each warp meets at bar.warp.sync (which orders its lanes' stores of h_c and v_new before lane
-    0's next operations), lane 0 fences once (fence.acq_rel.gpu) and adds 1 to each chunk's count. The fence stalls
-    the chain until the warp's stores are performed: with one per chunk the state pass alone took 141.6 against 91.9
-    us at T = 4096, so the state pass counts GROUP chunks at a time, at the start of the step after them. No CTA
-    barrier: one in the chunk loop keeps Triton from software-pipelining the loop's loads (117 -> 28 KB of shared
-    memory at sm_90, the chain 2.2x slower); an add per thread (128 a program per chunk on one address) made the
-    pair 415 us against 152 in turn. FLAGS 1 (the interpreter): a release add per thread."""
-    for i in tl.static_range(GROUP):
-        if FLAGS == 1:  # the interpreter (no inline PTX)
-            tl.atomic_add(cnt + (c_first + i) * H + i_h + tl.arange(0, NT) * 0, tl.full([NT], 1, tl.int32),
-                          sem="release", scope="gpu", mask=tl.full([NT], 1, tl.int1) & on & (i < n))
-    if FLAGS == 2:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p, q; .reg .u32 l; mov.u32 l, %laneid; setp.ne.u32 q, $1, 0; setp.eq.and.u32 p, l, 0, q; "
-            "bar.warp.sync -1; @p fence.acq_rel.gpu; mov.u32 $0, 0; }",
-            "=r,r", [tl.full([NT], 1, tl.int32) * on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-        for i in tl.static_range(GROUP):
-            p = cnt + (c_first + i) * H + i_h + tl.arange(0, NT) * 0
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p, q; .reg .u32 l; mov.u32 l, %laneid; setp.ne.u32 q, $2, 0; "
-                "setp.eq.and.u32 p, l, 0, q; @p red.relaxed.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
-                "=r,l,r", [p, tl.full([NT], 1, tl.int32) * (on & (i < n)).to(tl.int32)], dtype=tl.int32,
-                is_pure=False, pack=1)
-
-
-@triton.jit
-def wait_chunk(cnt, i_c, i_h, H: tl.constexpr, SIGNALS: tl.constexpr, FLAGS: tl.constexpr):
-    """FLAGS: wait until the SIGNALS state programs of key head i_h are done with chunk i_c (a volatile spin, then
-    one acquire read: the loads of h_c and v_new after it, at L2, see their stores). The counts [chunks, H] int32
-    are zeros before the state pass."""
-    if FLAGS:
-        p = cnt + i_c * H + i_h
-        while tl.load(p, volatile=True) < SIGNALS:
-            # back off between reads, so that waiting programs leave their SM's issue slots to the state chain
-            tl.inline_asm_elementwise("nanosleep.u32 1000; mov.u32 $0, $1;", "=r,r", [i_h.to(tl.int32)],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-        tl.atomic_add(p, 0, sem="acquire", scope="gpu")
-
-
-@triton.jit
 def gdn_chunk_state_kernel(
     k, rk, w, u, gam,  # k: the raw strided view [T, H, K]; rk, w, u, gam from the intra pass
     h, v_new,  # [chunks, HV, K, V], [T, HV, V] activation dtype: per-chunk start states and v_new for pass 3
@@ -282,8 +237,6 @@ def gdn_chunk_state_kernel(
     t_inv=None, v=None, b=None, s_vt=0, s_vh=0, s_bt=0, s_bh=0,  # WY: T [T, HV, BT] from the intra pass, raw v, b
     WY: tl.constexpr = False,
     c_lo=0, c_hi=1 << 30,  # the window of global chunk indices this launch runs (`launch_chunked`'s pipeline)
-    FLAGS: tl.constexpr = False, cnt=None,  # `Tuning.state_out`: per-chunk counts for the output pass (below)
-    NT: tl.constexpr = 128, PDL: tl.constexpr = False, GROUP: tl.constexpr = 1,
 ):
     """KB: the state as two 64-row halves (`state_chunk_kb`, K <= 128), else one [BK, BV] block. WY: v_new from
     T, v and b (`state_chunk_wy`, `state_chunk_wy_kb`), w and u unused and never formed.
@@ -292,10 +245,6 @@ def gdn_chunk_state_kernel(
     back to it (a later window of the same sequence continues from there, fp32 both ways, so the chain is the one
     launch's bit for bit); the capture snapshots are taken by the window that reaches their chunk boundary."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    # FLAGS with PDL: the output pass is launched programmatically dependent on this one (`launch_chunked`): it
-    # starts once every program here has started, so its programs, which wait on the counts, never hold an SM this
-    # chain needs; it reads nothing of this launch but behind the counts
-    pdl.release(PDL and FLAGS)
     slot = tl.load(slots + i_n).to(tl.int64)
     if slot < 0:
         return
@@ -336,10 +285,7 @@ def gdn_chunk_state_kernel(
         b_h2 = tl.load(pool + o_k2[:, None] * V + o_v[None, :], mask=(o_k2 < K)[:, None] & m_v[None, :], other=0.0)
         if (c_at == 0) & first:
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        j_end = tl.minimum(jh, nc1)
-        for j in range(jl, j_end):
-            if FLAGS and (j > jl) and ((j - jl) % GROUP == 0):  # the GROUP chunks before this one
-                signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, j > jl, H, NT, FLAGS, GROUP)
+        for j in range(jl, tl.minimum(jh, nc1)):
             if WY:
                 b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
                                                s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
@@ -348,10 +294,7 @@ def gdn_chunk_state_kernel(
                                             v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
         if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):  # the window that goes on from the cut (nc1 < n_chunks)
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        j_begin = tl.maximum(jl, nc1)
-        for j in range(j_begin, jh):
-            if FLAGS and (j > jl) and ((j - jl) % GROUP == 0):  # the GROUP chunks before this one
-                signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, j > jl, H, NT, FLAGS, GROUP)
+        for j in range(tl.maximum(jl, nc1), jh):
             if WY:
                 b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
                                                s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
@@ -360,8 +303,6 @@ def gdn_chunk_state_kernel(
                                             v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        g_last = jl + (jh - jl - 1) // GROUP * GROUP  # the chunks from here on are not counted yet
-        signal_chunks(cnt, i_c0 + g_last, jh - g_last, i_h, jl < jh, H, NT, FLAGS, GROUP)
         if jl < jh:
             store_halves(pool, b_h1, b_h2, o_v, m_v, K, V)
     else:
@@ -372,10 +313,7 @@ def gdn_chunk_state_kernel(
         b_h = tl.load(pool + o_h, mask=m_h, other=0.0)
         if (c_at == 0) & first:
             tl.store(cap + o_h, b_h, mask=m_h)
-        j_end = tl.minimum(jh, nc1)
-        for j in range(jl, j_end):
-            if FLAGS and (j > jl) and ((j - jl) % GROUP == 0):  # the GROUP chunks before this one
-                signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, j > jl, H, NT, FLAGS, GROUP)
+        for j in range(jl, tl.minimum(jh, nc1)):
             if WY:
                 b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
@@ -384,10 +322,7 @@ def gdn_chunk_state_kernel(
                                   o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
         if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):
             tl.store(cap + o_h, b_h, mask=m_h)
-        j_begin = tl.maximum(jl, nc1)
-        for j in range(j_begin, jh):
-            if FLAGS and (j > jl) and ((j - jl) % GROUP == 0):  # the GROUP chunks before this one
-                signal_chunks(cnt, i_c0 + j - GROUP, GROUP, i_h, j > jl, H, NT, FLAGS, GROUP)
+        for j in range(tl.maximum(jl, nc1), jh):
             if WY:
                 b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
@@ -396,8 +331,6 @@ def gdn_chunk_state_kernel(
                                   o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             tl.store(cap + o_h, b_h, mask=m_h)
-        g_last = jl + (jh - jl - 1) // GROUP * GROUP  # the chunks from here on are not counted yet
-        signal_chunks(cnt, i_c0 + g_last, jh - g_last, i_h, jl < jh, H, NT, FLAGS, GROUP)
         if jl < jh:
             tl.store(pool + o_h, b_h, mask=m_h)
 
@@ -410,16 +343,12 @@ def gdn_chunk_out_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, RQ: tl.constexpr,
     KS: tl.constexpr = 0,
     c0=0,  # global index of the grid's first chunk (`launch_chunked`'s pipeline windows)
-    FLAGS: tl.constexpr = False, cnt=None, SIGNALS: tl.constexpr = 1,  # `Tuning.state_out` (`wait_chunk`)
 ):
     # one program per key head serves the G value heads of its group: q, k and q k^T are loaded and computed once.
     # KS > 0: the products over K in runtime slices of KS columns (`qk_slices`, `qh_slices`): shared memory for
     # [BT, KS] tiles instead of [BT, BK] (the AOT kernel on fp32 activations: 64 KB in one tile, over TensorRT's
     # 48 KiB); KS = 0 (the JIT launches): q and k as one tile each
     i_v, i_c, i_h = tl.program_id(0), c0 + tl.program_id(1), tl.program_id(2)
-    if FLAGS:  # chunks slowest (grid [V tiles, H, chunks]): blocks start in index order, so the resident ones wait on
-        # the chain's nearest chunks of every head, not on one head's last chunks
-        i_c, i_h = c0 + tl.program_id(2), tl.program_id(1)
     G: tl.constexpr = HV // H
     i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
@@ -462,8 +391,6 @@ def gdn_chunk_out_kernel(
         b_rk = tl.load(rk + start * H + i_h + o_i * H, mask=m_t, other=0.0)
         m_inc = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
         b_s = tl.where(m_inc, b_qk * b_rq[:, None] * b_rk[None, :], 0.0)
-    # q k^T above needs nothing of the state pass; h_c and v_new below do
-    wait_chunk(cnt, i_c, i_h, H, SIGNALS, FLAGS)
     for g in tl.static_range(0, G):
         i_hv = i_h * G + g
         o_o = (start * HV + i_hv) * V
@@ -471,13 +398,13 @@ def gdn_chunk_out_kernel(
         # h is indexed by the global chunk index, the numbering the state pass uses
         if KS == 0:
             b_h = tl.load(h + (i_c.to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
-                          mask=m_k[:, None] & m_v[None, :], other=0.0, cache_modifier=".cg" if FLAGS else "")
+                          mask=m_k[:, None] & m_v[None, :], other=0.0)
             b_o = tl.dot(b_q, b_h, input_precision=PREC) * (b_rq * tl.exp(b_gam))[:, None]
         else:
             b_o = qh_slices(q + start * s_qt + i_h * s_qh, s_qt, h + (i_c.to(tl.int64) * HV + i_hv) * K * V, o_i,
                             m_t, o_v, m_v, K, V, KS, BT, BV, PREC) * (b_rq * tl.exp(b_gam))[:, None]
         b_p = b_s * tl.exp(tl.where(m_inc, b_gam[:, None] - b_gam[None, :], 0.0))
-        b_vn = tl.load(v_new + o_o + p_o, mask=m_o, other=0.0, cache_modifier=".cg" if FLAGS else "")
+        b_vn = tl.load(v_new + o_o + p_o, mask=m_o, other=0.0)
         b_o = tl.dot(b_p.to(DT), b_vn, b_o, input_precision=PREC)
         tl.store(o + o_o + p_o, b_o.to(o.dtype.element_ty), mask=m_o)
 

@@ -333,8 +333,7 @@ def gdn_decode_persist_kernel(
     scale, n_items,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, STREAM: tl.constexpr, STAGES: tl.constexpr, KH: tl.constexpr,
-    PAIRS: tl.constexpr = False, desc=None, TMA: tl.constexpr = False, PRE: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
+    PAIRS: tl.constexpr = False,
 ):
     """The recurrent kernel on a persistent grid (Tuning.rec_persist), pool mode only: program p walks the work items
     p, p + P, p + 2P, ... (P programs; item = (sequence, value head, V-tile), V-tiles fastest) in a loop that
@@ -344,11 +343,7 @@ def gdn_decode_persist_kernel(
     DECODE_MULTI_SEQ) take that loop; its loads are masked off for padding sequences (slot -1: zero output row)
     and for sequences of another length, which a second, unpipelined loop runs afterwards with token_steps (only
     in programs that met one). KH: the tile as two K-halves [BK / 2, BV], two loads, each reduced apart. PAIRS:
-    2-byte q, k, v, a, b read as 4-byte words (`_vec_f32`, `_head_f32`), so that the pipeliner copies them too.
-    TMA: the tile comes through `desc` (a descriptor of the pool as [S * HV, K, V], block [1, BK, BV]), one bulk copy
-    per item into the loop's shared-memory ring (STAGES - 1 tiles in flight), so the reads in flight per SM are
-    bounded by shared memory rather than by registers. PRE > 0: the program's items' packing (cu_seqlens, slots) in
-    registers before the loop (PRE >= its item count), so that no tile's address waits on a load in the loop."""
+    2-byte q, k, v, a, b read as 4-byte words (`_vec_f32`, `_head_f32`), so that the pipeliner copies them too."""
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     NV: tl.constexpr = (V + BV - 1) // BV
     LOAD_HINT: tl.constexpr = "evict_first" if STREAM else ""
@@ -359,30 +354,14 @@ def gdn_decode_persist_kernel(
     o_c = tl.arange(0, BV)
     o_hr = o_r[:, None] * V + o_c[None, :]
     other = 0
-    pdl.enter(PDL)
-    if PRE > 0:
-        # the packing of the program's items (at most PRE) loaded once before the loop, so that no address in the
-        # loop hangs on a load of the loop: each item's entries are picked out of registers
-        o_j = tl.arange(0, PRE)
-        n_j = (pid + o_j * nprog) // (NV * HV)
-        m_j = pid + o_j * nprog < n_items
-        bos_j = tl.load(cu_seqlens + n_j, mask=m_j, other=0)
-        nt_j = tl.load(cu_seqlens + n_j + 1, mask=m_j, other=0) - bos_j
-        slot_j = tl.load(slots + n_j, mask=m_j, other=-1)
-    for j in tl.range(0, tl.cdiv(n_items - pid, nprog), num_stages=STAGES):
-        it = pid + j * nprog
+    for it in tl.range(pid, n_items, nprog, num_stages=STAGES):
         i_v = it % NV
         i_hv = (it // NV) % HV
         i_n = it // (NV * HV)
         i_h = i_hv // (HV // H)
-        if PRE > 0:
-            bos = tl.sum(tl.where(o_j == j, bos_j, 0)).to(tl.int64)
-            n_t = tl.sum(tl.where(o_j == j, nt_j, 0))
-            slot = tl.sum(tl.where(o_j == j, slot_j, 0)).to(tl.int64)
-        else:
-            bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-            n_t = tl.load(cu_seqlens + i_n + 1) - bos
-            slot = tl.load(slots + i_n).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        n_t = tl.load(cu_seqlens + i_n + 1) - bos
+        slot = tl.load(slots + i_n).to(tl.int64)
         one = n_t == 1
         live = one & (slot >= 0)
         # the tile is read from max(slot, 0) (row 0 of the pool for a padding sequence, its value unused) with no
@@ -391,10 +370,7 @@ def gdn_decode_persist_kernel(
         # the stage that stores (one per stage in flight: 128 x 64 pointers and predicates, 255 registers and 288 B
         # spilled in 3 stages, sm_90 compile)
         p_l = pool + (tl.maximum(slot, 0) * HV + i_hv) * K * V + i_v * BV
-        if TMA:
-            b_h0 = desc.load([(tl.maximum(slot, 0) * HV + i_hv).to(tl.int32), 0, i_v * BV]).reshape(BK, BV)
-        else:
-            b_h0 = _tile_load(p_l, o_r, o_c, i_v, K, V, BV, FULL, LOAD_HINT)
+        b_h0 = _tile_load(p_l, o_r, o_c, i_v, K, V, BV, FULL, LOAD_HINT)
         row = tl.where(live, bos, 0)  # the token's row; row 0 (T >= 1) stands in where no token is read
         p_q = q + row * s_qt + i_h * s_qh
         p_k = k + row * s_kt + i_h * s_kh
