@@ -63,19 +63,16 @@ def chunk_bounds(j, bos, length, cut, BT: tl.constexpr):
 
 
 @triton.jit
-def locate_chunk(i_c, cu_seqlens, capture_at, slots, N, BN: tl.constexpr, BT: tl.constexpr):
-    """Global chunk index -> (sequence i_n (N when past the last chunk), first token, number of tokens, the
-    sequence's slot). The slots are read as a vector beside cu_seqlens, not at slots + i_n after them: a program's
-    loads then wait on one round trip to L2 before its tiles, not two."""
+def locate_chunk(i_c, cu_seqlens, capture_at, N, BN: tl.constexpr, BT: tl.constexpr):
+    """Global chunk index -> (sequence i_n (N when past the last chunk), first token, number of tokens)."""
     o_n, b_bos, b_len, b_cut, b_cnt = seq_chunk_counts(cu_seqlens, capture_at, N, BN, BT)
-    b_slot = tl.load(slots + o_n, mask=o_n < N, other=0)
     b_end = tl.cumsum(b_cnt, 0)
     i_n = tl.sum((b_end <= i_c).to(tl.int32), 0)
     m_sel = o_n == i_n
     j = i_c - tl.sum(tl.where(m_sel, b_end - b_cnt, 0), 0)
     start, n_t = chunk_bounds(j, tl.sum(tl.where(m_sel, b_bos, 0), 0), tl.sum(tl.where(m_sel, b_len, 0), 0),
                               tl.sum(tl.where(m_sel, b_cut, 0), 0), BT)
-    return i_n, start, n_t, tl.sum(tl.where(m_sel, b_slot, 0), 0)
+    return i_n, start, n_t
 
 
 @triton.jit
@@ -353,7 +350,7 @@ def gdn_chunk_out_kernel(
     # 48 KiB); KS = 0 (the JIT launches): q and k as one tile each
     i_v, i_c, i_h = tl.program_id(0), c0 + tl.program_id(1), tl.program_id(2)
     G: tl.constexpr = HV // H
-    i_n, start, n_t, slot = locate_chunk(i_c, cu_seqlens, capture_at, slots, N, BN, BT)
+    i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
         return
     DT = v_new.dtype.element_ty
@@ -363,7 +360,7 @@ def gdn_chunk_out_kernel(
     m_v = o_v < V
     m_o = m_t[:, None] & m_v[None, :]
     p_o = o_i[:, None] * (HV * V) + o_v[None, :]
-    if slot < 0:
+    if tl.load(slots + i_n) < 0:
         for g in tl.static_range(0, G):
             tl.store(o + (start * HV + i_h * G + g) * V + p_o, tl.zeros([BT, BV], dtype=o.dtype.element_ty),
                      mask=m_o)

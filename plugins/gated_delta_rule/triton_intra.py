@@ -228,10 +228,10 @@ def gdn_chunk_intra_kernel(
     # of its group; else grid (chunks, HV), one value head per program (more programs, G x the k k^T work)
     i_c, i_x = c0 + tl.program_id(0), tl.program_id(1)
     G: tl.constexpr = HV // H
-    i_n, start, n_t, slot = locate_chunk(i_c, cu_seqlens, capture_at, slots, N, BN, BT)
+    i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
         return
-    if slot < 0:
+    if tl.load(slots + i_n) < 0:
         return
     i_h = i_x if SHARE else i_x // G
     k += start * s_kt + i_h * s_kh
@@ -331,10 +331,10 @@ def gdn_chunk_wu_kernel(
     BK / BV slices of a runtime loop, which Triton software-pipelines with the launch's num_stages (FLA's form:
     its recompute_w_u took 161 us at T = 16384 against our 194, H200, 2026-12-03)."""
     i_c, i_hv = c0 + tl.program_id(0), tl.program_id(1)
-    i_n, start, n_t, slot = locate_chunk(i_c, cu_seqlens, capture_at, slots, N, BN, BT)
+    i_n, start, n_t = locate_chunk(i_c, cu_seqlens, capture_at, N, BN, BT)
     if i_n >= N:
         return
-    if slot < 0:
+    if tl.load(slots + i_n) < 0:
         return
     i_h = i_hv // (HV // H)
     o_i = tl.arange(0, BT)
