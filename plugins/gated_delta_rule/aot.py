@@ -28,7 +28,7 @@ import triton.language as tl
 from ..aot_plan import KernelPlan, add, cdiv, pointer_signature, static
 from ..spec import (GDN_CHUNK_OUT, GDN_CHUNK_SOLVE, GDN_CHUNK_STATE, GDN_CHUNK_WU, GDN_RECURRENT,
                     GDN_RECURRENT_STASH, OpSpec)
-from .triton import H200_SMS, TUNING, _rec_tiling, _v_tile
+from .triton import H200_SMS, TUNING, _ptx_allowed, _rec_tiling, _v_tile
 from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_state_kernel
 from .triton_intra import gdn_chunk_intra_kernel, gdn_chunk_wu_kernel
 from .triton_recurrent import gdn_recurrent_kernel
@@ -38,7 +38,7 @@ from .triton_recurrent import gdn_recurrent_kernel
 class AotTuning:
     """The tiles of the AOT kernels that differ from `triton.TUNING` (whose other fields they share), per
     activation width: the JIT's state pass pipelines 2-3 stages (96-177 KB of shared memory), its output pass takes
-    128-wide V tiles (48 KB in bf16, 128 KB in fp32) and its fp32 w/u pass one 128-wide K tile (96 KB), all over
+    128-wide V tiles (48 KB in bf16, 128 KB in fp32) and its fp32 w/u pass 64-wide slices in 3 stages, all over
     48 KiB (sm_90 compiles, bench/results/2026-12-03-aot.md)."""
 
     state_stages: int = 1
@@ -46,12 +46,13 @@ class AotTuning:
     state_bv_many: int = 64
     out_bv: int = 64
     out_ks: int = 0  # > 0: the output pass's products over K in slices this wide (`gdn_chunk_out_kernel`'s KS)
-    wu_bk: int = 0  # 0: K in one tile (the JIT's unrolled form); > 0: a runtime loop over K and V slices this wide
+    wu_bk: int = 64  # > 0: a runtime loop over K and V slices this wide (the JIT's form); 0: K in one tile
     wu_bv: int = 64
+    wu_stages: int = 3  # the loop's software pipeline (Tuning.wu_stages); fp32 in 3 stages takes 64 KB
 
 
 AOT_TUNING = AotTuning()
-AOT_TUNING_FP32 = AotTuning(state_bv=32, state_bv_many=32, out_bv=64, out_ks=16, wu_bk=32, wu_bv=32)
+AOT_TUNING_FP32 = AotTuning(state_bv=32, state_bv_many=32, out_bv=64, out_ks=16, wu_bk=32, wu_bv=32, wu_stages=1)
 
 
 def _tuning(dtype: str) -> AotTuning:
@@ -101,9 +102,9 @@ def gdn_chunk_wu_aot(k, v, b, t_inv, gam, rk, cu_seqlens, slots, capture_at, N, 
 def gdn_chunk_state_aot(k, rk, w, u, gam, cu_seqlens, slots, capture_at, ssm_pool, ssm_capture, N, h, v_new,
                         ssm_pool_out, ssm_capture_out, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                         V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr,
-                        PREC: tl.constexpr):
+                        PREC: tl.constexpr, UNI: tl.constexpr):
     gdn_chunk_state_kernel(k, rk, w, u, gam, h, v_new, ssm_pool_out, ssm_capture_out, cu_seqlens, slots, capture_at,
-                           N, H * K, K, H, HV, K, V, BK, BV, BN, BT, PREC, False)
+                           N, H * K, K, H, HV, K, V, BK, BV, BN, BT, PREC, False, UNI=UNI)
 
 
 @triton.jit
@@ -174,12 +175,12 @@ def plan(spec: OpSpec, shapes: dict, dtypes: dict[str, str], attrs: dict[str, in
     if spec is GDN_CHUNK_WU:
         loop = tu.wu_bk > 0
         meta.update(BK=_v_tile(tu.wu_bk, K) if loop else BK, BV=_v_tile(tu.wu_bv, V), PREC=prec, LOOP=loop)
-        return _plan(fn, sig, meta, TUNING.wu_warps, 1, (chunks, HV, 1), (N,))
+        return _plan(fn, sig, meta, TUNING.wu_warps, tu.wu_stages if loop else 1, (chunks, HV, 1), (N,))
     if spec is GDN_CHUNK_STATE:
         n = static(N)
         one = n is not None and triton.cdiv(V, _v_tile(tu.state_bv, V)) * HV * n <= H200_SMS
         BV = _v_tile(tu.state_bv if one else tu.state_bv_many, V)
-        meta.update(BK=BK, BV=BV, PREC=prec)
+        meta.update(BK=BK, BV=BV, PREC=prec, UNI=TUNING.state_uniform and _ptx_allowed())
         return _plan(fn, sig, meta, TUNING.state_warps, tu.state_stages, (cdiv(V, BV), HV, N), (N,))
     BV = _v_tile(tu.out_bv, V)
     meta.update(BK=BK, BV=BV, PREC=prec, SCALE=K ** -0.5, KS=min(tu.out_ks, BK))

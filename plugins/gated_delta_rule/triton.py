@@ -18,6 +18,7 @@ the cheaper to compile for each (see Tuning).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -111,16 +112,19 @@ class Tuning:
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
     # w and u formed in the solve's program from (I + A)^-1 in registers (one launch, T never in memory), BD columns
     # at a time, instead of a second launch that reads T back (`gdn_chunk_wu_kernel`, wu_warps). Off: on the
-    # solve's one warp the w/u half runs at a fraction of the bandwidth of its own 8-warp launch (T = 16384: fused
+    # solve's one warp the w/u half runs at a fraction of the bandwidth of its own launch (then 8 warps) (T = 16384: fused
     # 1173 us in all, 582 of them in the fused pass; unfused 971 us, solve 174 + w/u 194; H200, 2026-12-03).
     fuse_wu: bool = False
     fuse_bd: int = 64
-    wu_warps: int = 8
     # > 0: the w/u pass loops over 64-wide K and V slices at run time, software-pipelined with this many stages
-    # (FLA's recompute_w_u form, 161 us at T = 16384 against our unrolled pass's 194, H200, 2026-12-03); 0: K in
-    # one tile, V slices unrolled (the form measured). Timed slower: 2 stages 994 against 971.7 us at T = 16384,
-    # 937 against 918 us for 16 x 1024 (H200, 2026-12-03-kernels-round2.md).
-    wu_stages: int = 0
+    # (FLA's recompute_w_u form, whose autotuner picks 4 warps and 3 stages at Qwen3-Next's shapes); 0: K in one
+    # tile, V slices unrolled. The pass alone (bench/passes.py, H200, 2026-12-04-passes-wu.md), T = 4096 / 16384:
+    # 3 stages on 4 warps 44.0 / 170.5 us, 4 stages 44.5 / 171.2, on 8 warps 50.1 / 187.9, on 2 warps 49.9 / 195.4,
+    # 2 stages 48.4-56.6 / 190.9-221.8; the unrolled form on 8 warps 49.9 / 190.9 (FLA's 41.1 / 160.6). The whole
+    # prefill 241.2 / 900.7 against 247.8 / 916.0. (Timed before on 8 warps only, where it lost: 2 stages 994
+    # against 971.7 us at T = 16384, 2026-12-03-kernels-round2.md.)
+    wu_warps: int = 4
+    wu_stages: int = 3
     state_bv: int = 32  # V-tile of the sequential state pass (its parallelism for one long sequence)
     state_warps: int = 4
     # 4 stages: the same time in the sweep, but 238 KB of shared memory with fp32 activations at K=128 (227 KB max)
@@ -184,6 +188,10 @@ class Tuning:
     # branch taken on group boundaries only (commits 13e4217, d409d19, -state-out-branch.md): the state pass alone
     # 107.8 us with 8 chunks a count against 92.7 without, the pair 146.4 against 152.4 in turn, the best prefill
     # 243.9 against 248.0 at 4096 and 925.1 against 916.0 at 16384: a few us, not the 1.2x.
+    # the state pass's chunk-loop bounds broadcast from lane 0 (`triton_chunked.warp_uniform`), so that ptxas keeps
+    # the loop's wgmma descriptors in uniform registers (no R2UR before each wgmma; loop body 533 against 591
+    # instructions at sm_90, FLA's 481). False: the loop as before (for the comparison in bench/passes.py).
+    state_uniform: bool = True
     state_pipe: int = 4
     state_pipe_many: int = 1
     state_pipe_chunks: int = 128
@@ -218,6 +226,11 @@ _DOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
     """Every output and scratch buffer comes from here (shapes only; tests swap it to poison them with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _ptx_allowed() -> bool:
+    """Whether the kernels may carry inline PTX (not under Triton's interpreter)."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def _unit_stride(t: Tensor) -> Tensor:
@@ -463,8 +476,9 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
         gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
             KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
-            s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, num_warps=tuning.state_warps, num_stages=st.stages,
-            **meta)
+            s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, UNI=tuning.state_uniform and _ptx_allowed(),
+            num_warps=tuning.state_warps,
+            num_stages=st.stages, **meta)
 
     def out(lo: int, hi: int) -> None:
         if T == 0:

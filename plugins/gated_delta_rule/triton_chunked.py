@@ -54,6 +54,20 @@ def seq_chunk_counts(cu_seqlens, capture_at, N, BN: tl.constexpr, BT: tl.constex
 
 
 @triton.jit
+def warp_uniform(x, ON: tl.constexpr):
+    """ON: the int32 scalar x through `shfl.sync.idx` from lane 0, which ptxas takes as the same in every lane of a
+    warp. Values read from memory or reduced across lanes are not, to ptxas: a loop bounded by them may diverge,
+    so the loop's shared-memory descriptors live in per-thread registers and every wgmma waits on four R2UR moves
+    (the state pass's loop body at sm_90: 591 instructions, 60 R2UR, against 481 and none in FLA's
+    chunk_delta_h, whose loop runs to a kernel parameter). Off: x (the interpreter runs no inline PTX)."""
+    if ON:
+        return tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x1f, -1;", "=r,r", [x.to(tl.int32)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        return x.to(tl.int32)
+
+
+@triton.jit
 def chunk_bounds(j, bos, length, cut, BT: tl.constexpr):
     """Chunk j of a sequence (chunks restart at the cut): first token (int64) and number of tokens (<= BT)."""
     nc1 = (cut + BT - 1) // BT
@@ -237,6 +251,7 @@ def gdn_chunk_state_kernel(
     t_inv=None, v=None, b=None, s_vt=0, s_vh=0, s_bt=0, s_bh=0,  # WY: T [T, HV, BT] from the intra pass, raw v, b
     WY: tl.constexpr = False,
     c_lo=0, c_hi=1 << 30,  # the window of global chunk indices this launch runs (`launch_chunked`'s pipeline)
+    UNI: tl.constexpr = False,  # `warp_uniform` on
 ):
     """KB: the state as two 64-row halves (`state_chunk_kb`, K <= 128), else one [BK, BV] block. WY: v_new from
     T, v and b (`state_chunk_wy`, `state_chunk_wy_kb`), w and u unused and never formed.
@@ -252,12 +267,13 @@ def gdn_chunk_state_kernel(
     k += i_h * s_kh
     o_n, b_bos, b_len, b_cut, b_cnt = seq_chunk_counts(cu_seqlens, capture_at, N, BN, BT)
     m_sel = o_n == i_n
-    bos = tl.sum(tl.where(m_sel, b_bos, 0), 0).to(tl.int64)
-    length = tl.sum(tl.where(m_sel, b_len, 0), 0)
-    cut = tl.sum(tl.where(m_sel, b_cut, 0), 0)
-    n_chunks = tl.sum(tl.where(m_sel, b_cnt, 0), 0)
+    # the chunk loops' bounds and addresses as warp-uniform values (`warp_uniform`)
+    bos = warp_uniform(tl.sum(tl.where(m_sel, b_bos, 0), 0), UNI).to(tl.int64)
+    length = warp_uniform(tl.sum(tl.where(m_sel, b_len, 0), 0), UNI)
+    cut = warp_uniform(tl.sum(tl.where(m_sel, b_cut, 0), 0), UNI)
+    n_chunks = warp_uniform(tl.sum(tl.where(m_sel, b_cnt, 0), 0), UNI)
     nc1 = (cut + BT - 1) // BT  # chunks before the capture cut (0 when it does not split the sequence)
-    i_c0 = tl.sum(tl.where(o_n < i_n, b_cnt, 0), 0)  # global index of the first chunk
+    i_c0 = warp_uniform(tl.sum(tl.where(o_n < i_n, b_cnt, 0), 0), UNI)  # global index of the first chunk
     c_at = tl.load(capture_at + i_n)
     # the sequence's chunks [jl, jh) in the window; `first`: the window holding its start (a sequence of no tokens:
     # the first window), which takes the snapshot at 0
