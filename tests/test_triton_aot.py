@@ -11,6 +11,7 @@ TensorRT's AOT launcher needs (no Triton scratch, one CTA, shared memory within 
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -125,6 +126,36 @@ def test_state_pass_chunk_loop_is_pipelined():
     for launch in states:
         after_first_loop = triton_aot.compile_kernel(launch).asm["ttgir"].split("scf.for", 1)[1]
         assert "ttg.async_copy_global_to_local" in after_first_loop, f"{launch.args['BV']}: no cp.async"
+
+
+def _sass(launch) -> str:
+    import subprocess
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(triton_aot.compile_kernel(launch).asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def test_state_pass_wgmma_descriptors_are_uniform():
+    """The state pass's chunk loops run to bounds read from memory, which ptxas cannot tell are the same in every
+    lane: the loops may diverge, so their wgmma descriptors are built in per-thread registers and moved to uniform
+    ones (R2UR) before every wgmma, on the chunk chain. With the bounds broadcast from lane 0
+    (`Tuning.state_uniform`) the moves go (T = 4096 / 16384 / 16 x 1024: the state pass 90.7 / 347.6 / 291.5 us
+    against 92.6 / 354.9 / 314.2; H200, 2026-12-04-passes-uni.md): both tilings, bf16, sm_90."""
+    for uniform in (True, False):
+        states = [launch for launch in triton_aot.gdn_launches(torch.bfloat16, state_uniform=uniform)
+                  if launch.name == "gdn_chunk_state_kernel"]
+        assert len(states) == 2, "both state tilings"
+        for launch in states:
+            moves = _sass(launch).count("R2UR ")
+            if uniform:
+                assert moves <= 4, f"bv {launch.args['BV']}: {moves} R2UR"
+            else:  # the check sees the moves where they are
+                assert moves >= 40, f"bv {launch.args['BV']}: {moves} R2UR without state_uniform"
 
 
 # ---- the AOT kernels (plugins/aot.py): what each plugin's @trtp.aot_impl hands TensorRT, compiled for sm_90 ----

@@ -190,7 +190,9 @@ class Tuning:
     # 243.9 against 248.0 at 4096 and 925.1 against 916.0 at 16384: a few us, not the 1.2x.
     # the state pass's chunk-loop bounds broadcast from lane 0 (`triton_chunked.warp_uniform`), so that ptxas keeps
     # the loop's wgmma descriptors in uniform registers (no R2UR before each wgmma; loop body 533 against 591
-    # instructions at sm_90, FLA's 481). False: the loop as before (for the comparison in bench/passes.py).
+    # instructions at sm_90, FLA's 481). The state pass alone at T = 4096 / 16384 / 16 x 1024: 90.7 / 347.6 / 291.5
+    # us against 92.6 / 354.9 / 314.2 without (H200, 2026-12-04-passes-uni.md; FLA's chunk_delta_h at 4096 and
+    # 16384, same config, 82.3 / 308.2). False: the loop as before.
     state_uniform: bool = True
     state_pipe: int = 4
     state_pipe_many: int = 1
