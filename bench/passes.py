@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,20 +57,21 @@ def captured(call) -> dict[str, tuple]:
 def parse_variant(text: str) -> tuple[str, dict]:
     name, _, fields = text.partition("=")
     kw = {}
-    for item in filter(None, fields.split(",")):
-        key, _, value = item.partition(":")
-        kw[key.strip()] = ast.literal_eval(value.strip())
-    replace(gdn_tri.TUNING, **kw)  # an unknown field fails here, before anything runs
+    try:
+        for item in filter(None, fields.split(",")):
+            key, _, value = item.partition(":")
+            kw[key.strip()] = ast.literal_eval(value.strip())
+        replace(gdn_tri.TUNING, **kw)  # an unknown field fails here, before anything runs
+    except (TypeError, ValueError, SyntaxError) as e:
+        raise SystemExit(f'--variant {text!r}: expected "name=field:value,..." with Tuning fields ({e})') from e
     return name.strip(), kw
 
 
 def fla_configs() -> dict[str, str]:
     """The configs FLA's autotuners chose, per kernel and key."""
-    import importlib
-
     out = {}
     for mod in ("fla.ops.common.chunk_delta_h", "fla.ops.common.chunk_o", "fla.ops.gated_delta_rule.wy_fast",
-                "fla.ops.gated_delta_rule.chunk_fwd", "fla.ops.utils.solve_tril", "fla.ops.common.chunk_scaled_dot_kkt"):
+                "fla.ops.gated_delta_rule.chunk_fwd"):
         try:
             m = importlib.import_module(mod)
         except ImportError:

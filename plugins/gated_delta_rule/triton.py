@@ -112,8 +112,8 @@ class Tuning:
     solve_share: bool = True  # one solve program per key head for its G value heads (k k^T computed once)
     # w and u formed in the solve's program from (I + A)^-1 in registers (one launch, T never in memory), BD columns
     # at a time, instead of a second launch that reads T back (`gdn_chunk_wu_kernel`, wu_warps). Off: on the
-    # solve's one warp the w/u half runs at a fraction of the bandwidth of its own launch (then 8 warps) (T = 16384: fused
-    # 1173 us in all, 582 of them in the fused pass; unfused 971 us, solve 174 + w/u 194; H200, 2026-12-03).
+    # solve's one warp the w/u half runs at a fraction of the bandwidth of its own launch, then on 8 warps (T = 16384:
+    # fused 1173 us in all, 582 of them in the fused pass; unfused 971 us, solve 174 + w/u 194; H200, 2026-12-03).
     fuse_wu: bool = False
     fuse_bd: int = 64
     # > 0: the w/u pass loops over 64-wide K and V slices at run time, software-pipelined with this many stages
@@ -162,6 +162,12 @@ class Tuning:
     # 1268.2, K halves 1192.5), so off there.
     state_wy: bool = False
     state_wy_many: bool = True
+    # The state pass's chunk-loop bounds broadcast from lane 0 (`triton_chunked.warp_uniform`), so that ptxas keeps
+    # the loop's wgmma descriptors in uniform registers (no R2UR before each wgmma; loop body 533 against 591
+    # instructions at sm_90, FLA's 481). The state pass alone at T = 4096 / 16384 / 16 x 1024: 90.7 / 347.6 / 291.5
+    # us against 92.6 / 354.9 / 314.2 without (H200, 2026-12-04-passes-uni.md; FLA's chunk_delta_h at 4096 and
+    # 16384, same config, 82.3 / 308.2). False: the loop as before.
+    state_uniform: bool = True
     # The state pass as a pipeline of windows of chunks (`_windows`, `_pipeline`). One long sequence's state pass
     # is a chain of 1.37 us per chunk on 128 programs, one per SM (352 of the 971 us at T = 16384, H200,
     # 2026-12-03-kernels-round2.md), while the chunk-parallel passes wait for it or it for them. In windows, the
@@ -188,12 +194,6 @@ class Tuning:
     # branch taken on group boundaries only (commits 13e4217, d409d19, -state-out-branch.md): the state pass alone
     # 107.8 us with 8 chunks a count against 92.7 without, the pair 146.4 against 152.4 in turn, the best prefill
     # 243.9 against 248.0 at 4096 and 925.1 against 916.0 at 16384: a few us, not the 1.2x.
-    # the state pass's chunk-loop bounds broadcast from lane 0 (`triton_chunked.warp_uniform`), so that ptxas keeps
-    # the loop's wgmma descriptors in uniform registers (no R2UR before each wgmma; loop body 533 against 591
-    # instructions at sm_90, FLA's 481). The state pass alone at T = 4096 / 16384 / 16 x 1024: 90.7 / 347.6 / 291.5
-    # us against 92.6 / 354.9 / 314.2 without (H200, 2026-12-04-passes-uni.md; FLA's chunk_delta_h at 4096 and
-    # 16384, same config, 82.3 / 308.2). False: the loop as before.
-    state_uniform: bool = True
     state_pipe: int = 4
     state_pipe_many: int = 1
     state_pipe_chunks: int = 128
@@ -479,8 +479,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
             KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
             s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, UNI=tuning.state_uniform and _ptx_allowed(),
-            num_warps=tuning.state_warps,
-            num_stages=st.stages, **meta)
+            num_warps=tuning.state_warps, num_stages=st.stages, **meta)
 
     def out(lo: int, hi: int) -> None:
         if T == 0:
