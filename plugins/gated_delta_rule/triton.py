@@ -168,6 +168,11 @@ class Tuning:
     # us against 92.6 / 354.9 / 314.2 without (H200, 2026-12-04-passes-uni.md; FLA's chunk_delta_h at 4096 and
     # 16384, same config, 82.3 / 308.2). False: the loop as before.
     state_uniform: bool = True
+    # The state pass's full chunks in loops of their own with no row masks, each segment's partial last chunk
+    # after them masked (`triton_chunked.state_segment`): compiled for sm_90 the loop body of the single-sequence
+    # tiling has no per-row predicate for its cp.async copies (about 450 instructions against 533). Not timed yet;
+    # checked against float64 under the interpreter (and by the GPU tests' CHUNK_VARIANTS once they run).
+    state_full: bool = False
     # The state pass as a pipeline of windows of chunks (`_windows`, `_pipeline`). One long sequence's state pass
     # is a chain of 1.37 us per chunk on 128 programs, one per SM (352 of the 971 us at T = 16384, H200,
     # 2026-12-03-kernels-round2.md), while the chunk-parallel passes wait for it or it for them. In windows, the
@@ -479,7 +484,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
             KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
             s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, UNI=tuning.state_uniform and _ptx_allowed(),
-            num_warps=tuning.state_warps, num_stages=st.stages, **meta)
+            FULL=tuning.state_full, num_warps=tuning.state_warps, num_stages=st.stages, **meta)
 
     def out(lo: int, hi: int) -> None:
         if T == 0:
