@@ -24,34 +24,9 @@ from common import RESULTS, device_info, kernel_breakdown, time_cuda, write_resu
 
 from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
 from gdn_trt.plugins.packing import Capture
+from gdn_trt.plugins.triton_aot import record
 
 COLUMNS = ["case", "tuning", "launch", "time_us"]
-KERNELS = ["gdn_chunk_intra_kernel", "gdn_chunk_wu_kernel", "gdn_chunk_state_kernel", "gdn_chunk_out_kernel"]
-
-
-def captured(call) -> dict[str, tuple]:
-    """{kernel name: (grid, args, kwargs)} of the launches `call()` makes (run as well; the last launch of each)."""
-    seen, saved = {}, {n: getattr(gdn_tri, n) for n in KERNELS}
-
-    class Spy:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen[self.name] = (grid, args, kwargs)
-                return saved[self.name][grid](*args, **kwargs)
-            return launch
-
-    try:
-        for n in KERNELS:
-            setattr(gdn_tri, n, Spy(n))
-        call()
-    finally:
-        for n, fn in saved.items():
-            setattr(gdn_tri, n, fn)
-    torch.cuda.synchronize()
-    return seen
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -113,13 +88,9 @@ def main() -> None:
         for name, kw in variants:
             tu = replace(gdn_tri.TUNING, **kw)
             add(name, "whole prefill", lambda tu=tu: gdn_tri.launch_chunked(x, pack, pool, cap, tu))
-            seen = captured(lambda tu=tu: gdn_tri.launch_chunked(x, pack, pool, cap, replace(tu, state_pipe=1,
-                                                                                              state_pipe_many=1)))
-            for kname in KERNELS:
-                if kname in seen:
-                    grid, a, kwargs = seen[kname]
-                    add(name, kname.removeprefix("gdn_chunk_"),
-                        lambda kname=kname, grid=grid, a=a, kwargs=kwargs: getattr(gdn_tri, kname)[grid](*a, **kwargs))
+            one = replace(tu, state_pipe=1, state_pipe_many=1)
+            for launch in record(gdn_tri, lambda: gdn_tri.launch_chunked(x, pack, pool, cap, one), run=True):
+                add(name, launch.name.removeprefix("gdn_chunk_"), launch)
         if not args.no_fla:
             cu = pack.cu_seqlens.long() if N > 1 else None
             add("FLA 0.6.0", "whole call", lambda: fla_chunk(x, cu, pool))

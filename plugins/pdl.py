@@ -83,11 +83,17 @@ class scope:
         return False
 
 
+def ptx_allowed() -> bool:
+    """Whether kernels may carry inline PTX (this module's waits, `triton_chunked.warp_uniform`): not under Triton's
+    interpreter, which runs none."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
+
+
 def enabled(device: torch.device) -> bool:
     """Whether kernels launched on `device` now use PDL."""
     if not getattr(_LOCAL, "on", False) or device.type != "cuda":
         return False
-    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("GDN_TRT_PDL") == "0":
+    if not ptx_allowed() or os.environ.get("GDN_TRT_PDL") == "0":
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -1,7 +1,8 @@
 """Compile the Triton launches of an entry point ahead of time for a GPU target, on a machine without a GPU.
 
 `record(module, call)` runs `call()` (an entry point of `module`, on CPU tensors of the real shapes) with every
-Triton kernel of `module` swapped for a recorder, so nothing launches; `compile_launch(launch)` then compiles one
+Triton kernel of `module` swapped for a recorder, so nothing launches (with `run=True` each launch runs as it is
+recorded and can be replayed: `bench/passes.py` times the prefill's passes one by one that way); `compile_launch(launch)` then compiles one
 recorded launch with `triton.compile` for `TARGET` (sm_90), specialising its arguments exactly as Triton's JIT
 does at a launch (`native_specialize_impl`: dtypes, 16-divisible integers and pointers, integers equal to 1).
 What comes back is what the device would compile: registers, spill stack, shared memory, and the compile time.
@@ -29,6 +30,7 @@ from typing import Any, Callable
 import triton
 from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 TARGET = GPUTarget("cuda", 90, 32)  # H200 / H100
@@ -37,11 +39,17 @@ SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB
 
 @dataclass(frozen=True)
 class Launch:
-    fn: JITFunction
+    fn: JITFunction  # an InterpretedFunction where recorded under the interpreter
     args: dict[str, Any]  # every parameter by name, constexprs included
     num_warps: int
     num_stages: int
     maxnreg: int | None = None  # a launch's register cap per thread (ptxas .maxnreg), where it sets one
+    grid: Any = None  # as the launch gave it
+
+    def __call__(self) -> None:
+        """Launch it again, as recorded (`record(..., run=True)`: on the device tensors it was recorded with)."""
+        self.fn[self.grid](**self.args, num_warps=self.num_warps, num_stages=self.num_stages,
+                           **({"maxnreg": self.maxnreg} if self.maxnreg else {}))
 
     @property
     def name(self) -> str:
@@ -62,8 +70,8 @@ class Compiled:
 
 
 class _Recorder:
-    def __init__(self, fn: JITFunction, log: list[Launch]):
-        self.fn, self.log = fn, log
+    def __init__(self, fn: JITFunction | InterpretedFunction, log: list[Launch], run: bool):
+        self.fn, self.log, self.run = fn, log, run
 
     def __getitem__(self, grid):
         def launch(*args, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None, **kwargs):
@@ -73,18 +81,22 @@ class _Recorder:
             missing = [n for n in self.fn.arg_names if n not in bound]
             if missing:
                 raise TypeError(f"{self.fn.__name__}: launch without {missing}")
-            self.log.append(Launch(self.fn, bound, num_warps, num_stages, maxnreg))
+            self.log.append(Launch(self.fn, bound, num_warps, num_stages, maxnreg, grid))
+            if self.run:
+                self.log[-1]()
 
         return launch
 
 
-def record(module: ModuleType, call: Callable[[], object]) -> list[Launch]:
-    """The launches `call()` makes through the kernels bound in `module`, none of them run."""
+def record(module: ModuleType, call: Callable[[], object], run: bool = False) -> list[Launch]:
+    """The launches `call()` makes through the kernels bound in `module`; none of them run, or (`run`) each runs as
+    it is recorded (on the device, or under the interpreter), so later launches see their inputs and a recorded
+    launch can be replayed."""
     log: list[Launch] = []
-    saved = {k: v for k, v in vars(module).items() if isinstance(v, JITFunction)}
+    saved = {k: v for k, v in vars(module).items() if isinstance(v, (JITFunction, InterpretedFunction))}
     try:
         for k, v in saved.items():
-            setattr(module, k, _Recorder(v, log))
+            setattr(module, k, _Recorder(v, log, run))
         call()
     finally:
         for k, v in saved.items():
@@ -110,13 +122,17 @@ def _specialize(launch: Launch) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
-def _resource_usage(cubin: bytes) -> tuple[int, int]:
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+def _cubin_tool(tool: str, cubin: bytes, *args: str) -> str:
+    """The output of one of the CUDA binary tools Triton ships (cuobjdump, nvdisasm) run on `cubin`."""
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
+        return subprocess.run([path, *args, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _resource_usage(cubin: bytes) -> tuple[int, int]:
+    out = _cubin_tool("cuobjdump", cubin, "--dump-resource-usage")
     m = re.search(r"REG:(\d+)\s+STACK:(\d+)", out)
     if m is None:
         raise RuntimeError(f"cannot read the resource usage from cuobjdump: {out[-400:]}")
@@ -133,6 +149,11 @@ def compile_kernel(launch: Launch):
     if launch.maxnreg:
         options["maxnreg"] = launch.maxnreg
     return triton.compile(src, target=TARGET, options=options)
+
+
+def sass(launch: Launch) -> str:
+    """The launch's sm_90 machine code as nvdisasm prints it."""
+    return _cubin_tool("nvdisasm", compile_kernel(launch).asm["cubin"], "-c")
 
 
 def compile_launch(launch: Launch) -> Compiled:

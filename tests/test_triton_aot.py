@@ -11,7 +11,6 @@ TensorRT's AOT launcher needs (no Triton scratch, one CTA, shared memory within 
 from __future__ import annotations
 
 import os
-import tempfile
 
 import pytest
 import torch
@@ -128,18 +127,6 @@ def test_state_pass_chunk_loop_is_pipelined():
         assert "ttg.async_copy_global_to_local" in after_first_loop, f"{launch.args['BV']}: no cp.async"
 
 
-def _sass(launch) -> str:
-    import subprocess
-
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(triton_aot.compile_kernel(launch).asm["cubin"])
-        f.flush()
-        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
-
-
 def test_state_pass_wgmma_descriptors_are_uniform():
     """The state pass's chunk loops run to bounds read from memory, which ptxas cannot tell are the same in every
     lane: the loops may diverge, so their wgmma descriptors are built in per-thread registers and moved to uniform
@@ -151,7 +138,7 @@ def test_state_pass_wgmma_descriptors_are_uniform():
                   if launch.name == "gdn_chunk_state_kernel"]
         assert len(states) == 2, "both state tilings"
         for launch in states:
-            moves = _sass(launch).count("R2UR ")
+            moves = triton_aot.sass(launch).count("R2UR ")
             if uniform:
                 assert moves <= 4, f"bv {launch.args['BV']}: {moves} R2UR"
             else:  # the check sees the moves where they are

@@ -123,6 +123,27 @@ else:
                 assert torch.isfinite(o_pairs).all() and (o_pairs[_dead_rows(step)] == 0).all()
                 assert torch.equal(o_plain, o_pairs) and torch.equal(p_plain, p_pairs)
 
+    def test_gdn_recorded_launches_run_and_replay():
+        # triton_aot.record(..., run=True), as bench/passes.py times each pass alone: the recorded call computes what
+        # the plain one does, bit for bit, and a recorded launch replays on its own buffers (the output pass
+        # rewrites o the same way)
+        from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
+        from gdn_trt.plugins.packing import Capture
+        from gdn_trt.plugins.samples import make_inputs
+        from gdn_trt.plugins.triton_aot import record
+
+        step = Step((70, 3), (1, 0), (-1, 2))
+        x, pack, pool = make_inputs(step, Heads(1, 2, 16, 32), F32, "cpu")
+        at = torch.tensor(step.capture_at, dtype=torch.int32)
+        pools, caps, outs = [pool.clone(), pool.clone()], [torch.zeros(2, *x.state_shape) for _ in range(2)], []
+        outs.append(gdn_tri.launch_chunked(x, pack, pools[0], Capture(at, caps[0]), gdn_tri.TUNING))
+        launches = record(gdn_tri, lambda: outs.append(gdn_tri.launch_chunked(x, pack, pools[1], Capture(at, caps[1]),
+                                                                              gdn_tri.TUNING)), run=True)
+        assert torch.equal(outs[0], outs[1]) and torch.equal(pools[0], pools[1]) and torch.equal(caps[0], caps[1])
+        outs[1].fill_(float("nan"))
+        next(launch for launch in launches if launch.name == "gdn_chunk_out_kernel")()
+        assert torch.equal(outs[0], outs[1])
+
     def test_gdn_chunked_varlen():
         check_chunked(Step((1, 70, 0), (0, 3, 5), (1, 64, 0)), Heads(1, 2, 16, 32), F32, "cpu")
 

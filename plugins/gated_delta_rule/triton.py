@@ -18,7 +18,6 @@ the cheaper to compile for each (see Tuning).
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -233,11 +232,6 @@ _DOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
     """Every output and scratch buffer comes from here (shapes only; tests swap it to poison them with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _ptx_allowed() -> bool:
-    """Whether the kernels may carry inline PTX (not under Triton's interpreter)."""
-    return os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def _unit_stride(t: Tensor) -> Tensor:
@@ -483,7 +477,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
         gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
             KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
-            s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, UNI=tuning.state_uniform and _ptx_allowed(),
+            s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, UNI=tuning.state_uniform and pdl.ptx_allowed(),
             FULL=tuning.state_full, num_warps=tuning.state_warps, num_stages=st.stages, **meta)
 
     def out(lo: int, hi: int) -> None:
