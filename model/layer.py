@@ -8,8 +8,6 @@ and ONNX export share one code path.
 
 from __future__ import annotations
 
-import os
-
 from dataclasses import fields
 
 import torch
@@ -328,14 +326,9 @@ class GdnLayer(nn.Module):
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         proj = io.adapt(_linear(h, m.in_proj, fused), h, self._by_proj[Proj.IN_PROJ])
         qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
-        l2 = os.environ.get("GDN_TRT_L2", "") if fused and h.is_cuda and T <= 512 else ""
-        if l2 == "conv":
-            glue.prefetch(m.out_proj)
         qkv = io.conv("conv", qkv, ConvParams(m.conv, 1, Activation.SILU))
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)
-        if l2 == "gdn":
-            glue.prefetch(m.out_proj)
         o = io.gdn(x)
         norm = glue.gated_rms_norm if fused else gated_rms_norm
         o = norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)

@@ -148,11 +148,3 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
         if impl.gemm.dispatched(x.shape[0], w.shape[0]):
             return impl.linear(x, w)
     return F.linear(x, w)
-
-
-def prefetch(w: Tensor) -> None:
-    """EXPERIMENT: L2 prefetch of w's bytes on CUDA; nothing elsewhere."""
-    if w.is_cuda:
-        from . import triton as tri
-
-        tri.prefetch(w)

@@ -39,7 +39,6 @@ from .. import pdl
 from . import gemm  # noqa: F401 (op.linear asks gemm.dispatched)
 from .gemm import linear  # noqa: F401 (the Triton entry of naive.linear)
 from .io import PleNorms
-from ..gated_delta_rule.triton_recurrent import prefetch_l2
 
 
 @dataclass(frozen=True)
@@ -270,24 +269,6 @@ def gated_rms_norm(o: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Ten
             o, z, w, y, R, z.stride(0), z.stride(1), eps, HV=HV, V=V, BV=BV, BR=BR, SILU=act == "silu",
             num_warps=TUNING.warps, **pdl.options(o.device))
     return y
-
-
-@triton.jit
-def prefetch_kernel(w, total, per, PIECE: tl.constexpr, PDL: tl.constexpr = False):
-    """Bulk L2 prefetches of bytes [pid * per, (pid + 1) * per) of w, PIECE bytes at a time (EXPERIMENT)."""
-    start = tl.program_id(0).to(tl.int64) * per
-    end = tl.minimum(start + per, total)
-    p = w.to(tl.pointer_type(tl.int8))
-    for off in range(start, end, PIECE):
-        prefetch_l2(p + off, tl.minimum(end - off, PIECE).to(tl.int32))
-    pdl.enter(PDL)
-
-
-def prefetch(w: Tensor, programs: int = 132, piece: int = 32768) -> None:
-    """Ask L2 for the bytes of w (contiguous, CUDA): a kernel that issues bulk prefetches and returns (EXPERIMENT)."""
-    total = w.numel() * w.element_size()
-    per = ((total + programs - 1) // programs + 15) // 16 * 16
-    prefetch_kernel[(triton.cdiv(total, per),)](w, total, per, PIECE=piece, num_warps=1, **pdl.options(w.device))
 
 
 def _silu(x: Tensor, cols: int, n: int, gated: bool) -> Tensor:
