@@ -260,8 +260,7 @@ CHUNK_VARIANTS = {"rq-after": dict(rq_first=False), "wu-loop": dict(wu_stages=2)
                   "wy-s2": dict(WY, state_stages=2), "wy-w8": dict(WY, state_warps=8),
                   "wy-bv16": dict(WY, state_bv=16), "wy-kb": dict(WY, state_kb=True),
                   "pipe-4": dict(state_pipe=4, state_pipe_many=4, state_pipe_chunks=2),
-                  "wu-unrolled": dict(wu_stages=0, wu_warps=8), "state-full": dict(state_full=True),
-                  "state-full-wy-kb": dict(WY, state_kb=True, state_full=True)}
+                  "wu-unrolled": dict(wu_stages=0, wu_warps=8)}
 ORDER_ONLY = {"pipe-4"}  # variants that change the order and streams of the launches, no compiled kernel
 
 

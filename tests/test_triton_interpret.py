@@ -198,11 +198,12 @@ else:
         check_chunked(Step((70, 3), (1, 0), (-1, 2)), Heads(1, 2, 80, 72), F32, "cpu")
 
     @pytest.mark.parametrize("many", [False, True], ids=["single-tiling", "many-tiling"])
-    def test_gdn_chunked_state_full(many, monkeypatch):
-        # full chunks in loops of their own without row masks (Tuning.state_full): a partial chunk before and after
-        # a capture cut (130 tokens cut at 33), a cut on a chunk boundary with a partial chunk after it (70 at 64),
-        # whole chunks only (128 from a snapshot at 0), one partial chunk (3), a capture at the end (64 at 64);
-        # the state in one block, as K halves, and with v_new formed in the state pass (WY)
+    def test_gdn_chunked_state_cuts(many, monkeypatch):
+        # the state pass's chunk segments around capture cuts: a partial chunk before and after a cut (130 tokens
+        # cut at 33), a cut on a chunk boundary with a partial chunk after it (70 at 64), whole chunks only (128
+        # from a snapshot at 0), one partial chunk (3), a capture at the end (64 at 64); the state in one block, as
+        # K halves, and with v_new formed in the state pass (WY). (Written for Tuning.state_full, the full chunks
+        # without row masks, taken out after timing: commit 213e0d9.)
         from dataclasses import replace
 
         from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
@@ -211,7 +212,7 @@ else:
             monkeypatch.setattr(gdn_tri, "_sm_count", lambda dev: 1)
         step = Step((130, 3, 64, 70, 128), (0, 1, 2, 3, 4), (33, -1, 64, 64, 0))
         for extra in ({}, dict(state_kb=True, state_kb_many=True), dict(state_wy=True, state_wy_many=True)):
-            monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, state_full=True, **extra))
+            monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, **extra))
             check_chunked(step, Heads(1, 2, 16, 32), F32, "cpu")
 
     def test_gdn_chunked_state_halves(monkeypatch):

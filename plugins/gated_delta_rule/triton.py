@@ -166,12 +166,13 @@ class Tuning:
     # instructions at sm_90, FLA's 481). The state pass alone at T = 4096 / 16384 / 16 x 1024: 90.7 / 347.6 / 291.5
     # us against 92.6 / 354.9 / 314.2 without (H200, 2026-12-04-passes-uni.md; FLA's chunk_delta_h at 4096 and
     # 16384, same config, 82.3 / 308.2). False: the loop as before.
+    # Timed and taken out (commit 213e0d9): the full chunks in loops of their own without row masks (loop body
+    # 444 instructions): the state pass 91.9 / 346.3 / 303.6 us against 90.3 / 346.2 / 287.8 at T = 4096 / 16384 /
+    # 16 x 1024 (2026-12-04-passes-full.md). The loop is bound by its latency, not its instruction count: under
+    # ncu (2026-12-04-ncu-stalls.txt) each of its 4 warps has a scheduler of its own and issues every 4.45 cycles,
+    # waiting on fixed-latency dependencies (1.08 cycles a instruction), the 9 CTA barriers a chunk (0.92) and the
+    # loads (1.27); FLA's loop has the same 9 barriers and 16 wgmmas.
     state_uniform: bool = True
-    # The state pass's full chunks in loops of their own with no row masks, each segment's partial last chunk
-    # after them masked (`triton_chunked.state_segment`): compiled for sm_90 the loop body of the single-sequence
-    # tiling has no per-row predicate for its cp.async copies (about 450 instructions against 533). Not timed yet;
-    # checked against float64 under the interpreter (and by the GPU tests' CHUNK_VARIANTS once they run).
-    state_full: bool = False
     # The state pass as a pipeline of windows of chunks (`_windows`, `_pipeline`). One long sequence's state pass
     # is a chain of 1.37 us per chunk on 128 programs, one per SM (352 of the 971 us at T = 16384, H200,
     # 2026-12-03-kernels-round2.md), while the chunk-parallel passes wait for it or it for them. In windows, the
@@ -478,7 +479,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
             KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
             s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, UNI=tuning.state_uniform and pdl.ptx_allowed(),
-            FULL=tuning.state_full, num_warps=tuning.state_warps, num_stages=st.stages, **meta)
+            num_warps=tuning.state_warps, num_stages=st.stages, **meta)
 
     def out(lo: int, hi: int) -> None:
         if T == 0:

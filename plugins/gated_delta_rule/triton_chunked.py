@@ -77,16 +77,6 @@ def chunk_bounds(j, bos, length, cut, BT: tl.constexpr):
 
 
 @triton.jit
-def row_mask(o_i, n_t, BT: tl.constexpr, FULL: tl.constexpr):
-    """A chunk's live rows o_i < n_t; FULL (the caller knows n_t = BT): a mask the compiler folds away, so the
-    state pass's loads of a full chunk need no per-row predicate (`Tuning.state_full`)."""
-    if FULL:
-        return o_i < BT
-    else:
-        return o_i < n_t
-
-
-@triton.jit
 def locate_chunk(i_c, cu_seqlens, capture_at, N, BN: tl.constexpr, BT: tl.constexpr):
     """Global chunk index -> (sequence i_n (N when past the last chunk), first token, number of tokens)."""
     o_n, b_bos, b_len, b_cut, b_cnt = seq_chunk_counts(cu_seqlens, capture_at, N, BN, BT)
@@ -102,14 +92,14 @@ def locate_chunk(i_c, cu_seqlens, capture_at, N, BN: tl.constexpr, BT: tl.conste
 @triton.jit
 def state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i, o_k, o_v, m_k,
                 m_v, o_h, m_h, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, PREC: tl.constexpr, FULL: tl.constexpr = False):
+                BT: tl.constexpr, PREC: tl.constexpr):
     """One chunk of the state pass: stores h_c = S and v_new = u - w S, returns e^gamma_C S + k_n^T (v_new *
     e^(gamma_C - gamma)), the normalised k_n = diag(1 / |k|) k applied to v_new's rows (k is the raw view, already
     at the key head)."""
     DT = w.dtype.element_ty
     start, n_t = chunk_bounds(j, bos, length, cut, BT)
     tl.store(h + ((i_c0 + j) * HV + i_hv) * K * V + o_h, b_h.to(DT), mask=m_h)
-    m_t = row_mask(o_i, n_t, BT, FULL)
+    m_t = o_i < n_t
     b_w = tl.load(w + (start * HV + i_hv) * K + o_i[:, None] * (HV * K) + o_k[None, :],
                   mask=m_t[:, None] & m_k[None, :], other=0.0)
     o_u = (start * HV + i_hv) * V
@@ -132,14 +122,14 @@ def state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new
 @triton.jit
 def state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h, v_new, i_h, i_hv,
                    o_i, o_k, o_v, m_k, m_v, o_h, m_h, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                   V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, FULL: tl.constexpr = False):
+                   V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
     """`state_chunk` with w and u never formed: v_new = u - w S = T (diag(beta) v - diag(beta e^gamma / |k|) k S),
     T = (I + A)^-1 from the intra pass ([T, HV, BT], lower triangle), v and b the raw views at the value head. The
     k tile serves both products (k S here, k_n^T v_new below) and T replaces w's K columns by BT."""
     DT = v_new.dtype.element_ty
     start, n_t = chunk_bounds(j, bos, length, cut, BT)
     tl.store(h + ((i_c0 + j) * HV + i_hv) * K * V + o_h, b_h.to(DT), mask=m_h)
-    m_t = row_mask(o_i, n_t, BT, FULL)
+    m_t = o_i < n_t
     b_k = tl.load(k + start * s_kt + o_i[:, None] * s_kt + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
     b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
     b_last = tl.load(gam + (start + n_t - 1) * HV + i_hv)
@@ -166,7 +156,7 @@ def state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, 
 @triton.jit
 def state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i, o_v,
                    m_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                   PREC: tl.constexpr, FULL: tl.constexpr = False):
+                   PREC: tl.constexpr):
     """`state_chunk` with the state as two 64-row halves (K <= 128), each product split the same way: FLA's
     chunk_delta_h form. Compiled for sm_90 its loop body has FLA's shared-memory traffic (14 16-byte stores, no
     16-byte loads, against 22 and 8 in one [K, BV] block) and 174 registers against 220."""
@@ -177,7 +167,7 @@ def state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam
     p_h = h + ((i_c0 + j) * HV + i_hv) * K * V + o_v[None, :]
     tl.store(p_h + o_k1[:, None] * V, b_h1.to(DT), mask=(o_k1 < K)[:, None] & m_v[None, :])
     tl.store(p_h + o_k2[:, None] * V, b_h2.to(DT), mask=(o_k2 < K)[:, None] & m_v[None, :])
-    m_t = row_mask(o_i, n_t, BT, FULL)
+    m_t = o_i < n_t
     p_w = w + (start * HV + i_hv) * K + o_i[:, None] * (HV * K)
     b_w = tl.load(p_w + o_k1[None, :], mask=m_t[:, None] & (o_k1 < K)[None, :], other=0.0)
     b_d = tl.dot(b_w, b_h1.to(DT), input_precision=PREC)
@@ -203,7 +193,7 @@ def state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam
 @triton.jit
 def state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h, v_new,
                       i_h, i_hv, o_i, o_v, m_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, FULL: tl.constexpr = False):
+                      V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
     """`state_chunk_wy` with the state as two 64-row halves (K <= 128), each product split the same way (as
     `state_chunk_kb`)."""
     DT = v_new.dtype.element_ty
@@ -213,7 +203,7 @@ def state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv,
     p_h = h + ((i_c0 + j) * HV + i_hv) * K * V + o_v[None, :]
     tl.store(p_h + o_k1[:, None] * V, b_h1.to(DT), mask=(o_k1 < K)[:, None] & m_v[None, :])
     tl.store(p_h + o_k2[:, None] * V, b_h2.to(DT), mask=(o_k2 < K)[:, None] & m_v[None, :])
-    m_t = row_mask(o_i, n_t, BT, FULL)
+    m_t = o_i < n_t
     p_k = k + start * s_kt + o_i[:, None] * s_kt
     b_k = tl.load(p_k + o_k1[None, :], mask=m_t[:, None] & (o_k1 < K)[None, :], other=0.0)
     b_d = tl.dot(b_k, b_h1.to(DT), input_precision=PREC)
@@ -251,59 +241,6 @@ def store_halves(p, b_h1, b_h2, o_v, m_v, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
-def state_segment(b_h, lo, hi, full_end, i_c0, bos, length, cut, k, s_kt, rk, w, u, t_inv, v, s_vt, b, s_bt, gam,
-                  h, v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H: tl.constexpr, HV: tl.constexpr,
-                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, WY: tl.constexpr,
-                  FULL: tl.constexpr):
-    """Chunks [lo, hi) of one segment of a sequence (before or after the capture cut) through the state tile b_h
-    (`state_chunk`, or `state_chunk_wy` with WY). FULL: the chunks before full_end (which hold BT tokens) in a loop of
-    their own with no row masks, then the segment's partial last chunk, if in [lo, hi), masked."""
-    if FULL:
-        for j in range(lo, tl.minimum(hi, full_end)):
-            if WY:
-                b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
-                                     v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC, True)
-            else:
-                b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
-                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC, True)
-        lo = tl.maximum(lo, full_end)
-    for j in range(lo, hi):
-        if WY:
-            b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
-                                 v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
-        else:
-            b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
-                              o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
-    return b_h
-
-
-@triton.jit
-def state_segment_kb(b_h1, b_h2, lo, hi, full_end, i_c0, bos, length, cut, k, s_kt, rk, w, u, t_inv, v, s_vt, b,
-                     s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
-                     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, WY: tl.constexpr,
-                     FULL: tl.constexpr):
-    """`state_segment` with the state as two 64-row halves (`state_chunk_kb`, `state_chunk_wy_kb`)."""
-    if FULL:
-        for j in range(lo, tl.minimum(hi, full_end)):
-            if WY:
-                b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
-                                               s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC,
-                                               True)
-            else:
-                b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
-                                            v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC, True)
-        lo = tl.maximum(lo, full_end)
-    for j in range(lo, hi):
-        if WY:
-            b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
-                                           s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
-        else:
-            b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
-                                        v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
-    return b_h1, b_h2
-
-
-@triton.jit
 def gdn_chunk_state_kernel(
     k, rk, w, u, gam,  # k: the raw strided view [T, H, K]; rk, w, u, gam from the intra pass
     h, v_new,  # [chunks, HV, K, V], [T, HV, V] activation dtype: per-chunk start states and v_new for pass 3
@@ -315,7 +252,6 @@ def gdn_chunk_state_kernel(
     WY: tl.constexpr = False,
     c_lo=0, c_hi=1 << 30,  # the window of global chunk indices this launch runs (`launch_chunked`'s pipeline)
     UNI: tl.constexpr = False,  # `warp_uniform` on
-    FULL: tl.constexpr = False,  # full chunks in loops of their own, without row masks (`state_segment`)
 ):
     """KB: the state as two 64-row halves (`state_chunk_kb`, K <= 128), else one [BK, BV] block. WY: v_new from
     T, v and b (`state_chunk_wy`, `state_chunk_wy_kb`), w and u unused and never formed.
@@ -365,14 +301,22 @@ def gdn_chunk_state_kernel(
         b_h2 = tl.load(pool + o_k2[:, None] * V + o_v[None, :], mask=(o_k2 < K)[:, None] & m_v[None, :], other=0.0)
         if (c_at == 0) & first:
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        b_h1, b_h2 = state_segment_kb(b_h1, b_h2, jl, tl.minimum(jh, nc1), cut // BT, i_c0, bos, length, cut, k,
-                                      s_kt, rk, w, u, t_inv, v, s_vt, b, s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v,
-                                      m_v, H, HV, K, V, BT, PREC, WY, FULL)
+        for j in range(jl, tl.minimum(jh, nc1)):
+            if WY:
+                b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
+                                               s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+            else:
+                b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
+                                            v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
         if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):  # the window that goes on from the cut (nc1 < n_chunks)
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        b_h1, b_h2 = state_segment_kb(b_h1, b_h2, tl.maximum(jl, nc1), jh, nc1 + (length - cut) // BT, i_c0, bos,
-                                      length, cut, k, s_kt, rk, w, u, t_inv, v, s_vt, b, s_bt, gam, h, v_new, i_h,
-                                      i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC, WY, FULL)
+        for j in range(tl.maximum(jl, nc1), jh):
+            if WY:
+                b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
+                                               s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+            else:
+                b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
+                                            v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         if jl < jh:
@@ -385,14 +329,22 @@ def gdn_chunk_state_kernel(
         b_h = tl.load(pool + o_h, mask=m_h, other=0.0)
         if (c_at == 0) & first:
             tl.store(cap + o_h, b_h, mask=m_h)
-        b_h = state_segment(b_h, jl, tl.minimum(jh, nc1), cut // BT, i_c0, bos, length, cut, k, s_kt, rk, w, u,
-                            t_inv, v, s_vt, b, s_bt, gam, h, v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H,
-                            HV, K, V, BT, PREC, WY, FULL)
+        for j in range(jl, tl.minimum(jh, nc1)):
+            if WY:
+                b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
+                                     v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+            else:
+                b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
+                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
         if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):
             tl.store(cap + o_h, b_h, mask=m_h)
-        b_h = state_segment(b_h, tl.maximum(jl, nc1), jh, nc1 + (length - cut) // BT, i_c0, bos, length, cut, k,
-                            s_kt, rk, w, u, t_inv, v, s_vt, b, s_bt, gam, h, v_new, i_h, i_hv, o_i, o_k, o_v, m_k,
-                            m_v, o_h, m_h, H, HV, K, V, BT, PREC, WY, FULL)
+        for j in range(tl.maximum(jl, nc1), jh):
+            if WY:
+                b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
+                                     v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+            else:
+                b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
+                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             tl.store(cap + o_h, b_h, mask=m_h)
         if jl < jh:
