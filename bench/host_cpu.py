@@ -126,9 +126,21 @@ def _median_us(fn, steps: int) -> tuple[float, float]:
     return statistics.median(wall) / 1e3, statistics.median(cpu) / 1e3
 
 
-def stub_rows(steps: int) -> list[dict]:
+def _stub_stack() -> tuple:
+    """The stub rows' stack: (config, limits)."""
     cfg = PRESETS["tiny-next"].replace(layer_types=("linear_attention",) * 4, name="tiny-next-4L")
-    limits = RuntimeLimits(max_seqs=max(NS), max_prefill_tokens=64, max_draft=2)
+    return cfg, RuntimeLimits(max_seqs=max(NS), max_prefill_tokens=64, max_draft=2)
+
+
+def static_reference(steps: int = 200) -> tuple[float, float]:
+    """(wall, thread CPU) us of the `static` stub step at N = 1: the runtime's own Python around one graph launch,
+    a measure of how fast this host runs it (bench/runtime.py reports it beside the host enqueue)."""
+    cfg, limits = _stub_stack()
+    return _median_us(_static_step(cfg, limits, 1), steps)
+
+
+def stub_rows(steps: int) -> list[dict]:
+    cfg, limits = _stub_stack()
     sess = Session.open(cfg, backend="torch", device="cpu", options=SessionOptions(limits=limits))
     sess.selector.engines = [[StubEngine(i)] for i in cfg.gdn_layer_ids]
     seqs = [sess.add_sequence() for _ in range(max(NS))]

@@ -28,7 +28,10 @@ read and written once (verify: read once, the stash written per token; prefill: 
 rate measured in the same run; the ratios
 `wall/device`, `device/floor` and `device/kernels` (kernels = GEMM + GDN + conv); for `ple`, `ple_host_us`: the
 PLE part of a step's open (hash, cache lookup, staging, upload) timed alone. The notes check the issues' targets
-and name, for each miss, the term that dominates it.
+and name, for each miss, the term that dominates it. The meta's `host_ref_us` is this host's speed at the runtime's
+own Python (`bench/host_cpu.py`'s in-place decode step at N = 1 with the replay stubbed out, taken first): the same
+code's enqueue differed about 2x between two H200 hosts (2026-12-04), so enqueue figures compare across hosts only
+beside it.
 
 The run makes two passes over the rows, each with its own stacks: first every row's host and wall figures, then
 every row's device time, because after torch.profiler has run once in a process every CUDA launch pays for CUPTI
@@ -54,6 +57,7 @@ import torch
 # bench/common.py and bench/glue.py: Python puts the script's folder first on sys.path (run as `python bench/...`)
 from common import RESULTS, copy_bandwidth, device_info, write_results
 from glue import category
+from host_cpu import static_reference
 
 from gdn_trt.model.config import PRESETS, GdnConfig
 from gdn_trt.runtime.budget import RuntimeLimits, slot_bytes, weight_bytes
@@ -394,9 +398,14 @@ def _over_floor(r: dict) -> str:
             f"{max(0.0, r['kernel_sum_us'] - r['device_us']):.0f} us (bench/step_trace.py lists them)")
 
 
-def reading(rows: list[dict]) -> str:
-    """The issues' targets, met or missed, each miss with the term that dominates it."""
+def reading(rows: list[dict], host_ref: tuple[float, float] | None = None) -> str:
+    """The issues' targets, met or missed, each miss with the term that dominates it. host_ref: this host's
+    `static_reference` (wall, CPU us)."""
     out = ["## Reading (generated from the rows above)", ""]
+    if host_ref:
+        out.append(f"- this host runs the runtime's own Python of an in-place decode step (bench/host_cpu.py's "
+                   f"`static` stub at N = 1, the replay stubbed out) in {host_ref[0]:.1f} us ({host_ref[1]:.1f} us "
+                   "of CPU): every host enqueue below moves with it between hosts")
 
     def say(ok: bool, what: str, why: str = "") -> None:
         out.append(f"- {'met' if ok else 'MISSED'}: {what}" + ("" if ok or not why else f" -- {why}"))
@@ -422,7 +431,7 @@ def reading(rows: list[dict]) -> str:
             say(st["enqueue_us"] <= 40, f"decode N={n}, input and output in place: host enqueue "
                 f"{st['enqueue_us']:.1f} us <= 40 us; wall / device {st['wall_over_device'] or 0:.2f}",
                 "the open (request check) + graph launch + close (the commit): host speed varies up to 2x between "
-                "H200 hosts (bench/host_profile.py)")
+                "H200 hosts (the host reference above; bench/host_profile.py splits the phases)")
         d = _get(rows, "dict", f"decode {n}")
         if d:
             out.append(f"- decode N={n}: dict API enqueue {d['enqueue_us']:.0f} us against the batched API's "
@@ -538,6 +547,9 @@ def main() -> None:
     cfgs = configs(args.smoke)
     meta.update({"activations": "bfloat16", "state": "float32", "steps": args.steps,
                  "configs": {k: c.name for k, c in cfgs.items()}})
+    # before any stack is built or profiled: the host's own speed, the term that moves every enqueue figure
+    host_ref = tuple(round(v, 2) for v in static_reference())
+    meta.update(host_ref_us=host_ref[0], host_ref_cpu_us=host_ref[1])
     rows: dict[tuple[str, str], Row] = {}
     skipped: list[str] = []
     bw = {"best": 1e11}  # the copy rate stands in at 100 GB/s on the CPU (--smoke)
@@ -596,7 +608,7 @@ def main() -> None:
         # hf rows: the peer on the shapes of ours
         out = [asdict(r.finish(bw["best"], _floor(cfgs["ours" if r.stack == "hf" else _built(r.stack)], r.case)))
                for r in rows.values()]
-        paths = write_results("runtime", out, meta, COLUMNS, plot, args.out, notes=reading(out))
+        paths = write_results("runtime", out, meta, COLUMNS, plot, args.out, notes=reading(out, host_ref))
         print("wrote", *paths, flush=True)
 
 
