@@ -168,10 +168,11 @@ class Tuning:
     # 16384, same config, 82.3 / 308.2). False: the loop as before.
     # Timed and taken out (commit 213e0d9): the full chunks in loops of their own without row masks (loop body
     # 444 instructions): the state pass 91.9 / 346.3 / 303.6 us against 90.3 / 346.2 / 287.8 at T = 4096 / 16384 /
-    # 16 x 1024 (2026-12-04-passes-full.md). The loop is bound by its latency, not its instruction count: under
-    # ncu (2026-12-04-ncu-stalls.txt) each of its 4 warps has a scheduler of its own and issues every 4.45 cycles,
-    # waiting on fixed-latency dependencies (1.08 cycles a instruction), the 9 CTA barriers a chunk (0.92) and the
-    # loads (1.27); FLA's loop has the same 9 barriers and 16 wgmmas.
+    # 16 x 1024 (2026-12-04-passes-full.md). The loop is not bound by its instruction count: under ncu
+    # (2026-12-04-ncu-stalls.txt) each of its 4 warps has a scheduler of its own and issues every 4.45 cycles,
+    # waiting on fixed-latency dependencies (1.08 cycles an instruction), the 9 CTA barriers a chunk (0.92), global
+    # loads (0.64) and shared memory (0.63); FLA's loop has the same 9 barriers and 16 wgmmas (docs/architecture.md
+    # has the tilings timed against it).
     state_uniform: bool = True
     # The state pass as a pipeline of windows of chunks (`_windows`, `_pipeline`). One long sequence's state pass
     # is a chain of 1.37 us per chunk on 128 programs, one per SM (352 of the 971 us at T = 16384, H200,
