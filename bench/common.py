@@ -106,8 +106,9 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> dict:
     return out
 
 
-def kernel_breakdown(fn: Callable[[], object], iters: int = 5) -> dict[str, float]:
-    """Mean device time per call (us) of each kernel `fn` launches, from torch.profiler (CUDA activity), eager."""
+def kernel_profile(fn: Callable[[], object], iters: int = 5) -> tuple[dict[str, float], float]:
+    """From one torch.profiler run (CUDA activity, eager): the mean device time per call (us) of each kernel `fn`
+    launches, and the number of device events (kernels, copies) per call."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -117,11 +118,18 @@ def kernel_breakdown(fn: Callable[[], object], iters: int = 5) -> dict[str, floa
             fn()
         torch.cuda.synchronize()
     out: dict[str, float] = {}
+    events = 0
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
         if t > 0 and ev.key and not ev.key.startswith(("cudaLaunch", "cudaStream", "ProfilerStep")):
             out[ev.key] = out.get(ev.key, 0.0) + t / iters
-    return out
+            events += ev.count
+    return out, events / iters
+
+
+def kernel_breakdown(fn: Callable[[], object], iters: int = 5) -> dict[str, float]:
+    """Mean device time per call (us) of each kernel `fn` launches (`kernel_profile`)."""
+    return kernel_profile(fn, iters)[0]
 
 
 def device_info() -> dict:

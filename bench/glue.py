@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 # bench/common.py: Python puts the script's folder first on sys.path (run as `python bench/<name>.py`)
-from common import RESULTS, copy_bandwidth, device_info, kernel_breakdown, time_cuda, write_results
+from common import RESULTS, copy_bandwidth, device_info, kernel_profile, time_cuda, write_results
 
 from gdn_trt.model.checkpoint import random_layer
 from gdn_trt.model.config import PRESETS, GdnConfig
@@ -237,26 +237,16 @@ def measure(model: str, stack: Stack, case: str, glue: str, ref: torch.Tensor | 
 def profile_row(row: Row, run: Runner) -> None:
     """The profiling pass's figures of one row: device time per kernel category, kernels per layer."""
     run.arm()
-    kernels = {k: v / COPIES for k, v in kernel_breakdown(lambda: [run(i) for i in range(COPIES)]).items()}
+    times, events = kernel_profile(lambda: [run(i) for i in range(COPIES)])
+    kernels = {k: v / COPIES for k, v in times.items()}
     cat = {c: 0.0 for c in ("gemm", "gdn", "conv", "glue")}
     for k, v in kernels.items():
         cat[category(k)] += v
     row.gemm_us, row.gdn_us, row.conv_us, row.glue_us = cat["gemm"], cat["gdn"], cat["conv"], cat["glue"]
     row.kernels = {k: round(v, 2) for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])}
-    row.n_kernels = _count_kernels(run)
+    row.n_kernels = events / COPIES
     row.over_kernels = row.device_us / max(1e-9, row.gemm_us + row.gdn_us + row.conv_us)
     run.arm(False)
-
-
-def _count_kernels(run: Runner) -> float:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(COPIES):
-            run(i)
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / COPIES
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -40,14 +40,13 @@ def test_glue_takes_every_host_figure_before_any_profile(glue, monkeypatch, tmp_
     def breakdown(fn, iters=5):
         fn()
         events.append(("profile", ""))
-        return {"gdn_decode": 4.0, "nvjet_gemm": 8.0, "add": 2.0}
+        return {"gdn_decode": 4.0, "nvjet_gemm": 8.0, "add": 2.0}, 12.0
 
     monkeypatch.setattr(glue, "DEV", "cpu")
     monkeypatch.setattr(glue, "CASES", {"decode N=1": glue.CASES["decode N=1"]})
     monkeypatch.setattr(glue, "time_cuda", timed)
     monkeypatch.setattr(glue, "host_us", host)
-    monkeypatch.setattr(glue, "kernel_breakdown", breakdown)
-    monkeypatch.setattr(glue, "_count_kernels", lambda run: 3.0)
+    monkeypatch.setattr(glue, "kernel_profile", breakdown)
     monkeypatch.setattr(glue, "copy_bandwidth", lambda: {"eager_TBps": 1.0, "best": 1e12})
     monkeypatch.setattr(glue, "device_info", lambda: {"device": "cpu"})
     monkeypatch.setattr(sys, "argv", ["glue.py", "--only", "qwen3-next", "--compile-cases", "", "--out",

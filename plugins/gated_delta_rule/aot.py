@@ -25,11 +25,10 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from .. import pdl
 from ..aot_plan import KernelPlan, add, cdiv, pointer_signature, static
 from ..spec import (GDN_CHUNK_OUT, GDN_CHUNK_SOLVE, GDN_CHUNK_STATE, GDN_CHUNK_WU, GDN_RECURRENT,
                     GDN_RECURRENT_STASH, OpSpec)
-from .triton import H200_SMS, TUNING, _rec_tiling, _v_tile
+from .triton import H200_SMS, TUNING, _rec_tiling, _uniform, _v_tile
 from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_state_kernel
 from .triton_intra import gdn_chunk_intra_kernel, gdn_chunk_wu_kernel
 from .triton_recurrent import gdn_recurrent_kernel
@@ -181,7 +180,7 @@ def plan(spec: OpSpec, shapes: dict, dtypes: dict[str, str], attrs: dict[str, in
         n = static(N)
         one = n is not None and triton.cdiv(V, _v_tile(tu.state_bv, V)) * HV * n <= H200_SMS
         BV = _v_tile(tu.state_bv if one else tu.state_bv_many, V)
-        meta.update(BK=BK, BV=BV, PREC=prec, UNI=TUNING.state_uniform and pdl.ptx_allowed())
+        meta.update(BK=BK, BV=BV, PREC=prec, UNI=_uniform(TUNING))
         return _plan(fn, sig, meta, TUNING.state_warps, tu.state_stages, (cdiv(V, BV), HV, N), (N,))
     BV = _v_tile(tu.out_bv, V)
     meta.update(BK=BK, BV=BV, PREC=prec, SCALE=K ** -0.5, KS=min(tu.out_ks, BK))

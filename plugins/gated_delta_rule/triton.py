@@ -236,6 +236,12 @@ def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Te
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _uniform(tuning: Tuning) -> bool:
+    """The state kernel's UNI: `Tuning.state_uniform` where kernels may carry inline PTX (not under the
+    interpreter), for the JIT launch and the AOT plan alike."""
+    return tuning.state_uniform and pdl.ptx_allowed()
+
+
 def _unit_stride(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -479,7 +485,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
         gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
             KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
-            s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, UNI=tuning.state_uniform and pdl.ptx_allowed(),
+            s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, UNI=_uniform(tuning),
             num_warps=tuning.state_warps, num_stages=st.stages, **meta)
 
     def out(lo: int, hi: int) -> None:
