@@ -45,7 +45,10 @@ def floors(b) -> None:
 # TMA descriptors in one tile or in pipelined sub-tiles (Tuning.rec_tma, rec_sub), and the bulk L2 prefetch of a
 # later program's state (Tuning.rec_ahead); compiled for sm_90 (Triton 3.9 on the CPU) the comments give registers
 # per thread and programs per SM by registers and shared memory
+# (the register counts were compiled in the tile-first form, before Tuning.rec_qkv_first: every variant below now
+# loads the first token's operands first unless it says otherwise)
 DECODE_VARIANTS = [("tile bv64 w2 (many: Tuning)", dict()),  # 255 regs, 8 B spilled: 4 / SM
+                   ("tile first bv64 w2", dict(rec_qkv_first=False)),
                    ("cap200 bv64 w2", dict(rec_maxnreg=200)),  # 200, 64 B spilled: 5 / SM
                    ("qa cap200 bv64 w2", dict(rec_q_after=True, rec_maxnreg=200)),  # 200, 8 B: 5 / SM
                    ("qa ch32 cap200 bv64 w2", dict(rec_q_after=True, rec_chunk=32, rec_maxnreg=200)),  # 0 B: 5 / SM
@@ -78,7 +81,7 @@ PERSIST_VARIANTS = [(f"persist {p}/SM bv{bv} w{w} s{st}" + (" words" if pairs el
                         (True, 32, 4, 2, 4), (True, 32, 4, 3, 4))]
 # the few-sequence tile at N = 1 (the TMA variants, rec_tma_few, timed slower at commit e325b03: 16 x 1 4.2 us, 8 x 1
 # 4.4 us against the default's 3.8, H200, 2026-12-03-kernels-decode.md)
-DECODE_FEW_VARIANTS = [("tile bv16 w1 (few: Tuning)", dict())]
+DECODE_FEW_VARIANTS = [("tile bv16 w1 (few: Tuning)", dict()), ("tile first bv16 w1", dict(rec_qkv_first=False))]
 
 
 def decode_variants(b) -> None:

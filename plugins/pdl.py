@@ -16,11 +16,12 @@ SM slots while they all wait); every store comes after the wait (a kernel that o
 overwrite a buffer that one may still read). Before the wait a kernel may only read what the kernel launched just
 before it does not write: every kernel before that one has completed by then (that kernel triggers only after its
 own wait; one launched without PDL starts only after its predecessor completed). Two kernels read before the wait:
-the conv update reads its packing (cu_seqlens, slots), and the GDN decode its packing and its state tile at the slot
-the packing names. The kernel before the conv in a layer is a projection (GEMM, LoRA), the one before the GDN decode
-the conv: none writes the packing or the SSM pool. A caller that writes a packing by a kernel right before one of
-these ops could not give that guarantee, so PDL is on only inside `scope()`, which the runtime's stack opens around
-its layer calls (its packing comes from the host by a copy, `runtime/pack.py`).
+the conv update reads its packing (cu_seqlens, slots), and the GDN decode its packing (and, with
+`Tuning.rec_qkv_first` off, its state tile at the slot the packing names). The kernel before the conv in a layer
+is a projection (GEMM, LoRA), the one before the GDN decode the conv: none writes the packing or the SSM pool. A
+caller that writes a packing by a kernel right before one of these ops could not give that guarantee, so PDL is on
+only inside `scope()`, which the runtime's stack opens around its layer calls (its packing comes from the host by a
+copy, `runtime/pack.py`).
 
 Measured (H200, bench/results/2026-12-03-pdl.md, the step's graph replay of 4 Qwen3-Next layers): 137.9 -> 118.8 us
 at N = 1 and 182.1 -> 175.8 at N = 8; at N = 64 and 256 the step is the GDN kernel and cuBLAS (no PDL), unchanged.

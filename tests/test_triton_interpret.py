@@ -63,7 +63,8 @@ else:
     def test_gdn_recurrent_variants(monkeypatch):
         # the state tile through a TMA descriptor (Tuning.rec_tma / rec_tma_few): the descriptor's bounds stand in
         # for the masks (K < BK: K = 24 below; V not a multiple of the tile), in one tile and in sub-tiles; the
-        # output from the updated tile (rec_q_after); the tile as column chunks (rec_chunk)
+        # output from the updated tile (rec_q_after); the tile as column chunks (rec_chunk); the tile before the first
+        # token's operands (rec_qkv_first off)
         from dataclasses import replace
 
         from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
@@ -72,7 +73,8 @@ else:
                        dict(rec_few_below=0, rec_bv=32, rec_sub=16, rec_tma=True),
                        dict(rec_few_below=0, rec_bv=32, rec_q_after=True),
                        dict(rec_few_below=0, rec_bv=32, rec_chunk=8), dict(rec_few_below=0, rec_bv=32, rec_chunk=16,
-                                                                           rec_q_after=True)):
+                                                                           rec_q_after=True),
+                       dict(rec_qkv_first=False), dict(rec_few_below=0, rec_bv=32, rec_qkv_first=False)):
             monkeypatch.setattr(gdn_tri, "TUNING", replace(gdn_tri.TUNING, **change))
             check_recurrent(Step((1, 1, 3, 1), (3, -1, 0, 2)), Heads(2, 2, 24, 48), F32, "cpu", stash=False)
             check_recurrent(Step((3, 0, 1, 2), (1, 2, 5, -1)), Heads(1, 3, 16, 40), F32, "cpu", stash=True)

@@ -4,8 +4,9 @@ One program owns one (sequence, value head, V-tile): it loads the fp32 state til
 `ssm_pool[slot]`, runs the sequence's tokens through it in registers and writes it back (or, with STASH, writes
 the tile after every token to `ssm_stash[t]` and leaves the pool alone). Gates, the q/k L2 norm and the scale are
 computed in fp32 inside the loop, so the op reads only raw projections. The state is the only large traffic
-(K*V*4 bytes read + written per sequence and value head), so the kernel is built to stream it: the tile load is
-issued before anything else and nothing else touches device memory in bulk.
+(K*V*4 bytes read + written per sequence and value head), so the kernel is built to stream it: nothing else touches
+device memory in bulk, and only the first token's few hundred bytes of operands are loaded before the tile
+(`Tuning.rec_qkv_first`: they are then back while the tile streams in).
 """
 
 from __future__ import annotations
@@ -121,6 +122,41 @@ def _sum_rows(x, CH: tl.constexpr):
 
 
 @triton.jit
+def token_in(p_q, p_k, p_v, p_a, p_b, o_k, m_k, o_c, m_c):
+    """One token's raw operands: q, k (the key head's K), v (the program's columns), a, b (its value head)."""
+    b_q = tl.load(p_q + o_k, mask=m_k, other=0.0).to(tl.float32)
+    b_k = tl.load(p_k + o_k, mask=m_k, other=0.0).to(tl.float32)
+    b_v = tl.load(p_v + o_c, mask=m_c, other=0.0).to(tl.float32)
+    return b_q, b_k, b_v, tl.load(p_a).to(tl.float32), tl.load(p_b).to(tl.float32)
+
+
+@triton.jit
+def token_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A, b_dt, scale, Q_AFTER: tl.constexpr, CH: tl.constexpr):
+    """One token through the state tile b_h (see token_steps): returns (the tile after it, the output columns)."""
+    b_g = b_A * softplus(b_a + b_dt)
+    b_beta = tl.sigmoid(b_b)
+    # every reduction over K reads the raw q, k and the state as loaded, so the five run side by side and the
+    # norms enter afterwards as scalars (the chain from the state load to the stores is one reduction deep):
+    # with e = exp(g), S' = e S + k_n v_new^T, v_new = beta (v - e S^T k_n), o = S'^T q_n
+    #   = e (S^T q) r_q + (k . q) r_k r_q v_new, r_k = 1 / |k|, r_q = scale / |q| (eps inside the sqrt)
+    b_hk = _sum_rows(b_h * _rows(b_k, CH), CH)
+    b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+    b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
+    b_e = tl.exp(b_g)
+    if Q_AFTER:
+        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+        b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
+        b_o = b_rq * _sum_rows(b_h * _rows(b_q, CH), CH)
+    else:
+        b_hq = _sum_rows(b_h * _rows(b_q, CH), CH)
+        b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
+        b_v = b_beta * (b_v - b_e * b_rk * b_hk)
+        b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
+        b_o = b_e * b_rq * b_hq + b_kq * b_v
+    return b_h, b_o
+
+
+@triton.jit
 def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o_k, m_k, o_c, m_c, o_h, m_h,
                 s_qt, s_kt, s_vt, s_at, s_bt, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 STASH: tl.constexpr, STORE_HINT: tl.constexpr, Q_AFTER: tl.constexpr = False,
@@ -134,29 +170,8 @@ def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o
     b_A = -tl.exp(tl.load(p_A).to(tl.float32))
     b_dt = tl.load(p_dt).to(tl.float32)
     for _ in range(0, n_t):
-        b_q = tl.load(p_q + o_k, mask=m_k, other=0.0).to(tl.float32)
-        b_k = tl.load(p_k + o_k, mask=m_k, other=0.0).to(tl.float32)
-        b_v = tl.load(p_v + o_c, mask=m_c, other=0.0).to(tl.float32)
-        b_g = b_A * softplus(tl.load(p_a).to(tl.float32) + b_dt)
-        b_beta = tl.sigmoid(tl.load(p_b).to(tl.float32))
-        # every reduction over K reads the raw q, k and the state as loaded, so the five run side by side and the
-        # norms enter afterwards as scalars (the chain from the state load to the stores is one reduction deep):
-        # with e = exp(g), S' = e S + k_n v_new^T, v_new = beta (v - e S^T k_n), o = S'^T q_n
-        #   = e (S^T q) r_q + (k . q) r_k r_q v_new, r_k = 1 / |k|, r_q = scale / |q| (eps inside the sqrt)
-        b_hk = _sum_rows(b_h * _rows(b_k, CH), CH)
-        b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-        b_rq = scale / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
-        b_e = tl.exp(b_g)
-        if Q_AFTER:
-            b_v = b_beta * (b_v - b_e * b_rk * b_hk)
-            b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
-            b_o = b_rq * _sum_rows(b_h * _rows(b_q, CH), CH)
-        else:
-            b_hq = _sum_rows(b_h * _rows(b_q, CH), CH)
-            b_kq = tl.sum(b_k * b_q, 0) * b_rk * b_rq
-            b_v = b_beta * (b_v - b_e * b_rk * b_hk)
-            b_h = b_e * b_h + _rows(b_k, CH) * _cols(b_rk * b_v, CH)
-            b_o = b_e * b_rq * b_hq + b_kq * b_v
+        b_q, b_k, b_v, b_a, b_b = token_in(p_q, p_k, p_v, p_a, p_b, o_k, m_k, o_c, m_c)
+        b_h, b_o = token_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A, b_dt, scale, Q_AFTER, CH)
         if STASH:
             tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
             p_s += HV * K * V
@@ -183,6 +198,7 @@ def gdn_recurrent_kernel(
     BK: tl.constexpr, BV: tl.constexpr, STASH: tl.constexpr, STREAM: tl.constexpr,
     SUB: tl.constexpr = 0, SUB_STAGES: tl.constexpr = 3, TMA: tl.constexpr = False, AHEAD: tl.constexpr = 0,
     Q_AFTER: tl.constexpr = False, CH: tl.constexpr = 0, PDL: tl.constexpr = False,
+    QKV_FIRST: tl.constexpr = False,
 ):
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -259,16 +275,39 @@ def gdn_recurrent_kernel(
         else:
             o_c = tl.arange(0, BV)
             o_h = o_k[:, None] * V + o_c[None, :]
-        if TMA:
+        n_t = eos - bos
+        if QKV_FIRST:
+            # the first token's operands (a few hundred bytes) go out before the tile's 32 KB, so they are back
+            # while the tile streams in and the step waits on the tile alone (Tuning.rec_qkv_first); with PDL that
+            # moves the wait before the tile's load, which then no longer overlaps the previous kernel
+            pdl.enter(PDL)
+            b_q, b_k, b_v, b_a, b_b = token_in(p_q, p_k, p_v, p_a, p_b, o_k, m_k, o_c, m_v)
+            b_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+            b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
+            b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
+            b_h, b_o = token_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A, b_dt, scale, Q_AFTER, CH)
+            if STASH:
+                tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
+                p_s += HV * K * V
+            tl.store(p_o + o_c, b_o.to(p_o.dtype.element_ty), mask=m_v)
+            p_q += s_qt
+            p_k += s_kt
+            p_v += s_vt
+            p_a += s_at
+            p_b += s_bt
+            p_o += HV * V
+            n_t -= 1
+        elif TMA:
             b_h = pool.load([row, 0, i_v * BV]).reshape(BK, BV)
         else:
             b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
             if AHEAD > 0:
                 prefetch_ahead(pool - (slot * HV + i_hv) * K * V - i_v * BV, slots, i_v, i_hv, i_n, HV, K, V, AHEAD)
-        # with PDL the tile is loaded while the previous kernel (the layer's conv) still runs: it wrote neither the
-        # pool nor the packing (plugins/pdl.py); q, k, v, a, b are its output and come after the wait
-        pdl.enter(PDL)
-        b_h = token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, A_log + i_hv, dt_bias + i_hv, scale, eos - bos,
+        # tile first: with PDL the tile is loaded while the previous kernel (the layer's conv) still runs, which
+        # wrote neither the pool nor the packing (plugins/pdl.py); q, k, v, a, b are its output: after the wait
+        if not QKV_FIRST:
+            pdl.enter(PDL)
+        b_h = token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, A_log + i_hv, dt_bias + i_hv, scale, n_t,
                           o_k, m_k, o_c, m_v, o_h, m_h, s_qt, s_kt, s_vt, s_at, s_bt, HV, K, V, STASH, STORE_HINT,
                           Q_AFTER, CH)
         if not STASH:
