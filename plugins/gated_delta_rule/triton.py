@@ -190,7 +190,6 @@ class Tuning:
     # loads (0.64) and shared memory (0.63); FLA's loop has the same 9 barriers and 16 wgmmas (docs/architecture.md
     # has the tilings timed against it).
     state_uniform: bool = True
-    state_h_late: int = 0  # EXPERIMENT: where the state pass stores h (gdn_chunk_state_kernel's H_LATE)
     # The state pass as a pipeline of windows of chunks (`_windows`, `_pipeline`). One long sequence's state pass
     # is a chain of 1.37 us per chunk on 128 programs, one per SM (352 of the 971 us at T = 16384, H200,
     # 2026-12-03-kernels-round2.md), while the chunk-parallel passes wait for it or it for them. In windows, the
@@ -503,7 +502,7 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
         gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
             KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
-            s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, UNI=_uniform(tuning), H_LATE=tuning.state_h_late,
+            s_bh=b.stride(1), WY=st.wy, c_lo=lo, c_hi=hi, UNI=_uniform(tuning),
             num_warps=tuning.state_warps, num_stages=st.stages, **meta)
 
     def out(lo: int, hi: int) -> None:

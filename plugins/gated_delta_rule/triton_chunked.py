@@ -92,15 +92,13 @@ def locate_chunk(i_c, cu_seqlens, capture_at, N, BN: tl.constexpr, BT: tl.conste
 @triton.jit
 def state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i, o_k, o_v, m_k,
                 m_v, o_h, m_h, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, PREC: tl.constexpr, H_LATE: tl.constexpr = 0):
+                BT: tl.constexpr, PREC: tl.constexpr):
     """One chunk of the state pass: stores h_c = S and v_new = u - w S, returns e^gamma_C S + k_n^T (v_new *
     e^(gamma_C - gamma)), the normalised k_n = diag(1 / |k|) k applied to v_new's rows (k is the raw view, already
     at the key head)."""
     DT = w.dtype.element_ty
     start, n_t = chunk_bounds(j, bos, length, cut, BT)
-    p_hc = h + ((i_c0 + j) * HV + i_hv) * K * V + o_h
-    if H_LATE == 0:
-        tl.store(p_hc, b_h.to(DT), mask=m_h)
+    tl.store(h + ((i_c0 + j) * HV + i_hv) * K * V + o_h, b_h.to(DT), mask=m_h)
     m_t = o_i < n_t
     b_w = tl.load(w + (start * HV + i_hv) * K + o_i[:, None] * (HV * K) + o_k[None, :],
                   mask=m_t[:, None] & m_k[None, :], other=0.0)
@@ -108,11 +106,7 @@ def state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new
     m_u = m_t[:, None] & m_v[None, :]
     p_u = o_i[:, None] * (HV * V) + o_v[None, :]
     b_v = tl.load(u + o_u + p_u, mask=m_u, other=0.0).to(tl.float32)
-    b_hd = b_h.to(DT)
-    b_wh = tl.dot(b_w, b_hd, input_precision=PREC)
-    if H_LATE == 1:
-        tl.store(p_hc, b_hd, mask=m_h)
-    b_v -= b_wh
+    b_v -= tl.dot(b_w, b_h.to(DT), input_precision=PREC)
     tl.store(v_new + o_u + p_u, b_v.to(DT), mask=m_u)
 
     b_gam = tl.load(gam + start * HV + i_hv + o_i * HV, mask=m_t, other=0.0)
@@ -122,10 +116,7 @@ def state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new
     b_kt = tl.load(k + start * s_kt + o_i[None, :] * s_kt + o_k[:, None], mask=m_k[:, None] & m_t[None, :],
                    other=0.0)
     b_h *= tl.exp(b_last)
-    b_h = tl.dot(b_kt, b_v.to(DT), b_h, input_precision=PREC)
-    if H_LATE == 2:
-        tl.store(p_hc, b_hd, mask=m_h)
-    return b_h
+    return tl.dot(b_kt, b_v.to(DT), b_h, input_precision=PREC)
 
 
 @triton.jit
@@ -261,7 +252,6 @@ def gdn_chunk_state_kernel(
     WY: tl.constexpr = False,
     c_lo=0, c_hi=1 << 30,  # the window of global chunk indices this launch runs (`launch_chunked`'s pipeline)
     UNI: tl.constexpr = False,  # `warp_uniform` on
-    H_LATE: tl.constexpr = 0,  # EXPERIMENT: where state_chunk stores h (0 first, 1 after the first dot, 2 at the end)
 ):
     """KB: the state as two 64-row halves (`state_chunk_kb`, K <= 128), else one [BK, BV] block. WY: v_new from
     T, v and b (`state_chunk_wy`, `state_chunk_wy_kb`), w and u unused and never formed.
@@ -345,7 +335,7 @@ def gdn_chunk_state_kernel(
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
             else:
                 b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
-                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC, H_LATE)
+                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
         if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):
             tl.store(cap + o_h, b_h, mask=m_h)
         for j in range(tl.maximum(jl, nc1), jh):
@@ -354,7 +344,7 @@ def gdn_chunk_state_kernel(
                                      v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
             else:
                 b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
-                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC, H_LATE)
+                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             tl.store(cap + o_h, b_h, mask=m_h)
         if jl < jh:
