@@ -101,7 +101,6 @@ class Tuning:
     # chunks of 32 70.1 / 269.6, q after 70.1 / 269.5, 64 x 4 warps 70.2 / 269.0, capped at 200 registers 70.8 /
     # 272.5, 32 x 1 72.1 / 278.6, 128 x 4 72.9 / 274.2; N = 1: 8 x 1 3.55, 16 x 2 3.76, 32 x 1 4.45 us.
     rec_qkv_first: bool = True
-    rec_l2_first: int = 0  # EXPERIMENT: programs (in launch order) that prefetch their state share into L2 first
     # > 0: the many-sequence tile held as [rec_bv / rec_chunk, K, rec_chunk] (column chunks of this width; the
     # one-tile path without TMA). Triton lays a 2-D [128, 64] tile of 2 warps as 32 rows x 4 columns per thread, so
     # each thread also holds 32 values of k and of q; in 16-wide chunks it holds 8 rows x 4 chunks x 4 columns and 8
@@ -331,7 +330,6 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages, TMA=pool is not ssm_pool,
         AHEAD=0 if pool is not ssm_pool else ahead, Q_AFTER=tuning.rec_q_after,
         QKV_FIRST=tuning.rec_qkv_first and not sub and pool is ssm_pool,
-        L2_FIRST=tuning.rec_l2_first if (K * V) % (4 * NV) == 0 else 0,
         CH=tuning.rec_chunk if not few and not sub and pool is ssm_pool and 0 < tuning.rec_chunk < BV else 0,
         num_warps=warps, **pdl.options(q.device),
         **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),

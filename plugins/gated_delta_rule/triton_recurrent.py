@@ -198,7 +198,7 @@ def gdn_recurrent_kernel(
     BK: tl.constexpr, BV: tl.constexpr, STASH: tl.constexpr, STREAM: tl.constexpr,
     SUB: tl.constexpr = 0, SUB_STAGES: tl.constexpr = 3, TMA: tl.constexpr = False, AHEAD: tl.constexpr = 0,
     Q_AFTER: tl.constexpr = False, CH: tl.constexpr = 0, PDL: tl.constexpr = False,
-    QKV_FIRST: tl.constexpr = False, L2_FIRST: tl.constexpr = 0,
+    QKV_FIRST: tl.constexpr = False,
 ):
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -280,12 +280,6 @@ def gdn_recurrent_kernel(
             # the first token's operands (a few hundred bytes) go out before the tile's 32 KB, so they are back
             # while the tile streams in and the step waits on the tile alone (Tuning.rec_qkv_first); with PDL that
             # moves the wait before the tile's load, which then no longer overlaps the previous kernel
-            if PDL and L2_FIRST > 0:
-                # EXPERIMENT: the programs launched first prefetch their head's state share into L2 before the wait
-                NV = tl.num_programs(0)
-                if (i_n * HV + i_hv) * NV + i_v < L2_FIRST:
-                    chunk = (K * V) // NV
-                    prefetch_l2(pool - i_v * BV + i_v * chunk, (chunk * 4).to(tl.int32))
             pdl.enter(PDL)
             b_q, b_k, b_v, b_a, b_b = token_in(p_q, p_k, p_v, p_a, p_b, o_k, m_k, o_c, m_v)
             b_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
