@@ -37,9 +37,9 @@ def test_runtime_bench_reports_the_host_reference(runtime_bench, monkeypatch, tm
     monkeypatch.setattr(sys, "argv", ["runtime.py", "--smoke", "--only", "static", "--out", str(tmp_path)])
     runtime_bench.main()
     assert calls == [200]
-    meta = json.loads(next(tmp_path.glob("*-runtime.json")).read_text())["meta"]
+    result = json.loads(next(tmp_path.glob("*-runtime.json")).read_text())
+    meta, rows = result["meta"], result["rows"]
     assert meta["host_ref_us"] > 0 and meta["host_ref_cpu_us"] > 0
     md = next(tmp_path.glob("*-runtime.md")).read_text()
     assert f"in {meta['host_ref_us']:.1f} us ({meta['host_ref_cpu_us']:.1f} us of CPU)" in md
-    rows = json.loads(next(tmp_path.glob("*-runtime.json")).read_text())["rows"]
     assert [(r["stack"], r["case"]) for r in rows] == [("static", "decode 1"), ("static", "decode 8")]

@@ -86,20 +86,20 @@ class Tuning:
     # 32 x 1 tile none (10 programs per SM)
     rec_q_after: bool = False
     # The first token's q, k, v, a, b loaded before the state tile (`gdn_recurrent_kernel`'s QKV_FIRST, the one-tile
-    # path without TMA), instead of the tile first and the operands behind its 32 KB. Under ncu (which flushes the
-    # caches between passes) the tile-first kernel at N = 64 had 3628 of its 8011 stall samples on the q, k, a loads'
-    # first uses (the layout conversion of q, k and the gate's exp) and none on the tile's (2026-12-04-ncu-decode-
-    # source.txt): the step waited on the small operands and then reduced. Operands first, they come back while the
-    # tile streams in. The kernel alone, two and three rounds (H200, 2026-12-04-decode-qkv-first.md): N = 1 3.34-3.37
-    # against 3.58-3.64 us, N = 8 10.55-10.90 against 10.24-10.42 (slower), N = 64 70.0-70.5 against 72.6-73.2
-    # (3.83 TB/s, the grid moving only the state 67.2), N = 256 269.6-271.1 against 276.2-282.1. With PDL the wait
-    # comes before the tile's load, which no longer overlaps the previous kernel; the decode step still gained at
-    # every N (4 Qwen3-Next layers, union of two runs): 117.8-118.5 against 116.9-119.1 us at N = 1, 168.2-168.8
-    # against 169.1-171.0 at N = 8, 428.0-429.7 against 445.4-446.3 at N = 64, 1290.9-1292.1 against 1325.3-1326.2 at
-    # N = 256. Also timed then, not kept: the tile first with the operands' lines prefetched into L1 before it
-    # (`prefetch.global.L1`): 73.3 / 278.5 us at N = 64 / 256, 3.80 at N = 1. Beside qkv-first, N = 64 / 256: column
-    # chunks of 32 70.1 / 269.6, q after 70.1 / 269.5, 64 x 4 warps 70.2 / 269.0, capped at 200 registers 70.8 /
-    # 272.5, 32 x 1 72.1 / 278.6, 128 x 4 72.9 / 274.2; N = 1: 8 x 1 3.55, 16 x 2 3.76, 32 x 1 4.45 us.
+    # path without TMA or rec_ahead), instead of the tile first and the operands behind its 32 KB. Under ncu (which
+    # flushes the caches between passes) the tile-first kernel at N = 64 had 3628 of its 8011 stall samples on the q, k,
+    # a loads' first uses (the layout conversion of q, k and the gate's exp) and none on the tile's
+    # (2026-12-04-ncu-decode-source.txt): the step waited on the small operands and then reduced. Operands first, they
+    # come back while the tile streams in. The kernel alone, two and three rounds (H200,
+    # 2026-12-04-decode-qkv-first.md): N = 1 3.34-3.37 against 3.58-3.64 us, N = 8 10.55-10.90 against 10.24-10.42
+    # (slower), N = 64 70.0-70.5 against 72.6-73.2 (3.83 TB/s, the grid moving only the state 67.2), N = 256 269.6-271.1
+    # against 276.2-282.1. With PDL the wait comes before the tile's load, which no longer overlaps the previous kernel;
+    # the decode step still gained at every N (4 Qwen3-Next layers, union of two runs): 117.8-118.5 against 116.9-119.1
+    # us at N = 1, 168.2-168.8 against 169.1-171.0 at N = 8, 428.0-429.7 against 445.4-446.3 at N = 64, 1290.9-1292.1
+    # against 1325.3-1326.2 at N = 256. Also timed then, not kept: the tile first with the operands' lines prefetched
+    # into L1 before it (`prefetch.global.L1`): 73.3 / 278.5 us at N = 64 / 256, 3.80 at N = 1. Beside qkv-first, N = 64
+    # / 256: column chunks of 32 70.1 / 269.6, q after 70.1 / 269.5, 64 x 4 warps 70.2 / 269.0, capped at 200 registers
+    # 70.8 / 272.5, 32 x 1 72.1 / 278.6, 128 x 4 72.9 / 274.2; N = 1: 8 x 1 3.55, 16 x 2 3.76, 32 x 1 4.45 us.
     rec_qkv_first: bool = True
     # > 0: the many-sequence tile held as [rec_bv / rec_chunk, K, rec_chunk] (column chunks of this width; the
     # one-tile path without TMA). Triton lays a 2-D [128, 64] tile of 2 warps as 32 rows x 4 columns per thread, so
@@ -329,7 +329,8 @@ def launch_recurrent(x: GdnInputs, pack: Packing, ssm_pool: Tensor, ssm_stash: T
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, STASH=ssm_stash is not None,
         STREAM=tuning.rec_stream, SUB=sub, SUB_STAGES=tuning.rec_sub_stages, TMA=pool is not ssm_pool,
         AHEAD=0 if pool is not ssm_pool else ahead, Q_AFTER=tuning.rec_q_after,
-        QKV_FIRST=tuning.rec_qkv_first and not sub and pool is ssm_pool,
+        # sub-tiles, TMA and the prefetch ahead are forms of the tile-first path: they take it
+        QKV_FIRST=tuning.rec_qkv_first and not sub and pool is ssm_pool and not ahead,
         CH=tuning.rec_chunk if not few and not sub and pool is ssm_pool and 0 < tuning.rec_chunk < BV else 0,
         num_warps=warps, **pdl.options(q.device),
         **({"maxnreg": tuning.rec_maxnreg} if tuning.rec_maxnreg and not few else {}),

@@ -157,6 +157,23 @@ def token_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A, b_dt, scale, Q_AFTER: tl.const
 
 
 @triton.jit
+def token_out(b_h, b_o, p_o, p_s, o_c, m_c, o_h, m_h, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+              STASH: tl.constexpr, STORE_HINT: tl.constexpr):
+    """A token's stores: the tile to the stash (STASH; returns p_s at the next token's row), the output columns."""
+    if STASH:
+        tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
+        p_s += HV * K * V
+    tl.store(p_o + o_c, b_o.to(p_o.dtype.element_ty), mask=m_c)
+    return p_s
+
+
+@triton.jit
+def token_next(p_q, p_k, p_v, p_a, p_b, p_o, s_qt, s_kt, s_vt, s_at, s_bt, s_ot):
+    """The token's pointers moved on to the next token."""
+    return p_q + s_qt, p_k + s_kt, p_v + s_vt, p_a + s_at, p_b + s_bt, p_o + s_ot
+
+
+@triton.jit
 def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o_k, m_k, o_c, m_c, o_h, m_h,
                 s_qt, s_kt, s_vt, s_at, s_bt, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 STASH: tl.constexpr, STORE_HINT: tl.constexpr, Q_AFTER: tl.constexpr = False,
@@ -172,16 +189,8 @@ def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o
     for _ in range(0, n_t):
         b_q, b_k, b_v, b_a, b_b = token_in(p_q, p_k, p_v, p_a, p_b, o_k, m_k, o_c, m_c)
         b_h, b_o = token_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A, b_dt, scale, Q_AFTER, CH)
-        if STASH:
-            tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
-            p_s += HV * K * V
-        tl.store(p_o + o_c, b_o.to(p_o.dtype.element_ty), mask=m_c)
-        p_q += s_qt
-        p_k += s_kt
-        p_v += s_vt
-        p_a += s_at
-        p_b += s_bt
-        p_o += HV * V
+        p_s = token_out(b_h, b_o, p_o, p_s, o_c, m_c, o_h, m_h, HV, K, V, STASH, STORE_HINT)
+        p_q, p_k, p_v, p_a, p_b, p_o = token_next(p_q, p_k, p_v, p_a, p_b, p_o, s_qt, s_kt, s_vt, s_at, s_bt, HV * V)
     return b_h
 
 
@@ -286,16 +295,9 @@ def gdn_recurrent_kernel(
             b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
             b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
             b_h, b_o = token_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A, b_dt, scale, Q_AFTER, CH)
-            if STASH:
-                tl.store(p_s + o_h, b_h, mask=m_h, cache_modifier=STORE_HINT)
-                p_s += HV * K * V
-            tl.store(p_o + o_c, b_o.to(p_o.dtype.element_ty), mask=m_v)
-            p_q += s_qt
-            p_k += s_kt
-            p_v += s_vt
-            p_a += s_at
-            p_b += s_bt
-            p_o += HV * V
+            p_s = token_out(b_h, b_o, p_o, p_s, o_c, m_v, o_h, m_h, HV, K, V, STASH, STORE_HINT)
+            p_q, p_k, p_v, p_a, p_b, p_o = token_next(p_q, p_k, p_v, p_a, p_b, p_o, s_qt, s_kt, s_vt, s_at, s_bt,
+                                                      HV * V)
             n_t -= 1
         elif TMA:
             b_h = pool.load([row, 0, i_v * BV]).reshape(BK, BV)
