@@ -196,10 +196,11 @@ def gemm_kernel(
     LATE: tl.constexpr = False,
 ):
     """Program (i_n, i_m, i_s): y[i_m*BM : +BM, i_n*BN : +BN] over K[i_s*k_slice : +k_slice] (k_slice: BK steps);
-    SPREAD: rows [i_n N / P, (i_n + 1) N / P) of the P = programs along N instead of i_n*BN : +BN."""
+    SPLIT: the K-slices (the grid's third extent; 1: none); SPREAD: rows [i_n N / P, (i_n + 1) N / P) of the P =
+    programs along N instead of i_n*BN : +BN."""
     dt = y.dtype.element_ty
     i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if SPLIT:
+    if SPLIT > 1:
         k_lo = i_s * k_slice
         k_hi = tl.minimum(K, k_lo + k_slice)
     else:  # static loop bounds: the unsplit loop compiles as before split-K existed (no stack at 5 stages)
@@ -267,16 +268,20 @@ def gemm_kernel(
         pdl.release(PDL)
     p_y = y + o_m[None, :].to(tl.int64) * N + o_n[:, None]
     m_y = m_n[:, None] & m_m[None, :]
-    if SPLIT:
+    if SPLIT > 1:
         tile = i_m * tl.num_programs(0) + i_n
-        n_s = tl.num_programs(2)
-        p_ws = ws + tile * n_s * (BN * BM) + tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :]
+        p_ws = ws + tile * SPLIT * (BN * BM) + tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :]
         tl.store(p_ws + i_s * (BN * BM), acc)
         tl.debug_barrier()  # every thread's partial is written before the ticket releases them
         ticket = tl.atomic_add(cnt + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == n_s - 1:
+        if ticket == SPLIT - 1:
             acc = tl.zeros([BN, BM], dtype=tl.float32)
-            for s in range(0, n_s):  # slice order, not arrival order: the same sum at every launch
+            # slice order, not arrival order: the same sum at every launch. Unrolled over the constexpr count, so
+            # the partials' loads are issued together: out_proj [2048, 4096] at M = 64 (BN 64, split 4) took 9.15
+            # against 9.51 us with the loop over the runtime count, 7.89 against 8.08 at M = 16; without any
+            # reduction (each program storing its own partial, not a GEMM) 7.24 and 6.62 (H200, 2026-12-04,
+            # bench/results/2026-12-04-gemm-reduce.txt)
+            for s in tl.static_range(SPLIT):
                 acc += tl.load(p_ws + s * (BN * BM), cache_modifier=".cg")
             tl.store(p_y, acc.to(dt), mask=m_y)
             tl.atomic_xchg(cnt + tile, 0, sem="relaxed", scope="gpu")
@@ -303,7 +308,7 @@ def launch(x: Tensor, w: Tensor, cfg: Config) -> Tensor:
     if split > 1:
         ws, cnt = _workspace(x.device, grid[0] * grid[1], split, bn * bm)
     gemm_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), k_slice, BM=bm, BN=bn, BK=cfg.bk,
-                      EVEN_K=K % cfg.bk == 0, DOT=cfg.dot, IEEE=x.dtype == torch.float32, SPLIT=split > 1,
+                      EVEN_K=K % cfg.bk == 0, DOT=cfg.dot, IEEE=x.dtype == torch.float32, SPLIT=split,
                       SPREAD=cfg.spread > 0, LATE=cfg.late, num_warps=cfg.warps, num_stages=cfg.stages,
                       **pdl.options(x.device))
     return y
