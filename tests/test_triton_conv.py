@@ -135,12 +135,9 @@ def test_update(conv, dtype):
 
 
 # the one-token update's variants that bench/kernels.py times beside the default (`Tuning`), so whichever the
-# defaults take is tested at the same commit; the tests' few sequences would take the few-sequence tiling, so each
-# named tiling is forced (`update_few_below` 0), and "many-bd1024-w8" is the default's many-sequence tiling
-_MANY = dict(update_few_below=0)
-UPDATE_VARIANTS = {"weight-gathers": dict(update_wtile=False), "bd256-w4": dict(update_bd=256, update_warps=4, **_MANY),
-                   "bd512-w4": dict(update_bd=512, update_warps=4, **_MANY),
-                   "bd128-w2": dict(update_bd=128, update_warps=2, **_MANY), "many-bd1024-w8": _MANY}
+# defaults take is tested at the same commit
+UPDATE_VARIANTS = {"weight-gathers": dict(update_wtile=False), "bd256-w4": dict(update_bd=256, update_warps=4),
+                   "bd512-w4": dict(update_bd=512, update_warps=4), "bd128-w2": dict(update_bd=128, update_warps=2)}
 
 
 @pytest.mark.gpu

@@ -290,8 +290,7 @@ else:
 
         from gdn_trt.plugins.causal_conv1d import triton as conv_tri
 
-        tuning = replace(conv_tri.TUNING, update_wtile=False, update_bd=16, update_few_below=0)
-        monkeypatch.setattr(conv_tri, "TUNING", tuning)
+        monkeypatch.setattr(conv_tri, "TUNING", replace(conv_tri.TUNING, update_wtile=False, update_bd=16))
         check_conv(Step((1, 1, 1), (3, -1, 0)), Conv(40), F32, "cpu", "update")
         check_conv(Step((1, 2, 1), (0, 4, 2)), Conv(40), F32, "cpu", "update_stash")
 

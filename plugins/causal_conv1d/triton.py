@@ -46,13 +46,6 @@ class Tuning:
     # 11.53; H200, bench/results/2026-12-03-kernels-round2.md, conv-var)
     update_bd: int = 1024
     update_warps: int = 8
-    # below `update_few_below` sequences, 256 channels on 4 warps (4x the programs): in the N = 64 decode step
-    # (4 Qwen3-Next layers, PDL, CUDA graph) the conv took 4.8-5.7 against 8.2-8.4 us and the step 440.0 / 440.0
-    # against 446.7 / 444.8 us (two rounds); N = 1, 8 and 256 level within the rounds' spread (H200, 2026-12-04,
-    # bench/results/2026-12-04-step-ab.txt); at N = 256 the 1024 x 8 tiling stays, the faster one alone (above)
-    update_bd_few: int = 256
-    update_warps_few: int = 4
-    update_few_below: int = 128
     state_bd: int = 256  # the channel tile of the prefill's state launch (its tiling before the update's changed)
     state_warps: int = 4
     # one-token update of the GDN conv (dilation 1, W = 4): the weights as one aligned [BD, W] tile, its columns
@@ -280,14 +273,12 @@ def launch_update(x: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor,
     N = pack.num_seqs
     if N == 0 or T == 0:
         return y
-    few = N < tuning.update_few_below
-    BD = min(tuning.update_bd_few if few else tuning.update_bd, triton.next_power_of_2(D))
+    BD = min(tuning.update_bd, triton.next_power_of_2(D))
     conv_update_kernel[(triton.cdiv(D, BD), N)](
         x, conv.weight, y, conv_pool, conv_pool if conv_stash is None else conv_stash, pack.cu_seqlens, pack.slots,
         x.stride(0), S_WD=conv.weight.stride(0), BD=BD, BS=triton.next_power_of_2(conv.state_len),
         BW=triton.next_power_of_2(conv.width), STASH=conv_stash is not None, WTILE=tuning.update_wtile,
-        num_warps=tuning.update_warps_few if few else tuning.update_warps, **_meta(conv),
-        **pdl.options(x.device))
+        num_warps=tuning.update_warps, **_meta(conv), **pdl.options(x.device))
     return y
 
 
