@@ -48,15 +48,18 @@ class Heads:
         return f"H{self.H}G{self.G}K{self.K}V{self.V}"
 
 
-def make_inputs(step: Step, heads: Heads, dtype: torch.dtype, device: str, pool_rows: int = POOL_ROWS
-                ) -> tuple[GdnInputs, Packing, Tensor]:
+def make_inputs(step: Step, heads: Heads, dtype: torch.dtype, device: str, pool_rows: int = POOL_ROWS,
+                aligned: bool = False) -> tuple[GdnInputs, Packing, Tensor]:
     """Random inputs as the layer passes them: q, k, v, a, b are column slices of one projection (strided views).
     Decay rates span slow and fast heads (A_log in [-4, 1]) so both long memory and underflowing decays occur.
+    The slices start 3 columns in (so no kernel may assume aligned rows), or with `aligned` 8 columns in and the
+    projection's rows padded to 8 columns: 16-byte aligned 2-byte views, as a real layer's are and TMA needs.
     Returns (inputs, packing, ssm_pool [pool_rows, HV, K, V] fp32)."""
     T, (H, HV, K, V) = sum(step.lengths), (heads.H, heads.HV, heads.K, heads.V)
     widths = [H * K, H * K, HV * V, HV, HV]
-    proj = torch.randn(T, sum(widths) + 3, device=device).to(dtype)
-    q, k, v, a, b = torch.split(proj[:, 3:], widths, dim=1)
+    lead, width = (8, -(-(sum(widths) + 8) // 8) * 8) if aligned else (3, sum(widths) + 3)
+    proj = torch.randn(T, width, device=device).to(dtype)
+    q, k, v, a, b = torch.split(proj[:, lead:lead + sum(widths)], widths, dim=1)
     x = GdnInputs(q.unflatten(1, (H, K)), k.unflatten(1, (H, K)), v.unflatten(1, (HV, V)), a, b,
                   torch.empty(HV, device=device).uniform_(-4, 1), torch.randn(HV, device=device))
     pool = torch.randn(pool_rows, HV, K, V, device=device) * 0.5

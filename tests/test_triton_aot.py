@@ -86,6 +86,34 @@ def test_variant_tunings_fit_sm90(change):
             assert c.spill_stack <= 16, c.row()
 
 
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+def test_gluon_state_pass_compiles_for_sm90(dt):
+    """The Gluon state pass (`gluon_state`, which the JIT launches on sm_90 only) compiles for sm_90 at Qwen3-Next's
+    heads within one block's shared memory and without spills, its TMA descriptors typed as `launch` builds them."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from gdn_trt.plugins.gated_delta_rule import gluon_state as gs
+
+    def desc(block):
+        return f"tensordesc<{dt}[{block[0]}, {block[1]}],{gs._layout(block, None)!r}>"
+
+    bv = 32  # the one V-tile `gluon_state.usable` takes
+    sig = {"w_d": desc([64, 128]), "k_d": desc([64, 128]), "u_d": desc([64, bv]), "h_d": desc([128, bv]),
+           "vn_d": desc([64, bv]), "rk": "*fp32", "gam": "*fp32", "v_new": f"*{dt}", "pool": "*fp32", "cap": "*fp32",
+           "cu_seqlens": "*i32", "slots": "*i32", "capture_at": "*i32", **dict.fromkeys(
+               ["H", "HV", "K", "V", "BV", "BT", "STAGES"], "constexpr"), "c_lo": "i32", "c_hi": "i32"}
+    names = list(sig)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in sig if sig[n].startswith("*")}
+    src = GluonASTSource(gs.gdn_chunk_state_gluon_kernel, sig, attrs=attrs,
+                         constexprs=dict(H=16, HV=32, K=128, V=128, BV=bv, BT=gs.BT, STAGES=gs.STAGES))
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    registers, stack = triton_aot._resource_usage(k.asm["cubin"])
+    assert k.metadata.shared <= triton_aot.SMEM_LIMIT and stack == 0, (k.metadata.shared, registers, stack)
+    assert k.asm["ptx"].count("cp.async.bulk.tensor") >= 5  # the three loads and the two stores go by TMA
+
+
 @pytest.mark.parametrize("change", [{}, *(pytest.param(c, id=n) for n, c in CONV_UPDATE_VARIANTS.items())])
 def test_conv_kernels_compile_for_sm90(change):
     # the conv kernels are small; what this catches is code the interpreter runs but the compiler rejects (the

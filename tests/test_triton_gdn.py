@@ -86,8 +86,8 @@ def check_recurrent(step: Step, heads: Heads, dtype: torch.dtype, device: str, s
     assert_close("o", o_ref, o.cpu(), bound)
 
 
-def check_chunked(step: Step, heads: Heads, dtype: torch.dtype, device: str) -> None:
-    x, pack, pool = make_inputs(step, heads, dtype, device)
+def check_chunked(step: Step, heads: Heads, dtype: torch.dtype, device: str, aligned: bool = False) -> None:
+    x, pack, pool = make_inputs(step, heads, dtype, device, aligned=aligned)
     N, bound = len(step.lengths), tol(dtype, "chunked")
     at = torch.tensor(step.capture_at, dtype=torch.int32)
     cap_ref = torch.full((N, *x.state_shape), float("nan"), dtype=torch.float64)
@@ -289,6 +289,39 @@ def test_chunked_pipeline(pipe, dtype):
     check_pipeline(Step((65, 130, 0, 70), (0, 2, 1, -1), (64, -1, 0, 3)), ODD[2], dtype, "cuda", pipe,
                    state_kb=True, state_wy_many=False)
     check_pipeline(Step((300, 5), (0, 2), (128, 5)), ODD[2], dtype, "cuda", pipe, state_wy=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")])
+def test_state_gluon_matches_triton(dtype, monkeypatch):
+    """The Gluon state pass (`gluon_state`: TMA, so the aligned inputs a real layer passes) against float64, and
+    against the Triton pass bit for bit (the same products in the same order): o, the pool and the capture rows.
+    One sequence with a capture cut (Qwen3-Next's heads, the single-sequence tiling), and K = 128, V = 64 with few
+    heads, where the single-sequence tiling takes the varlen step (empty and padding sequences, captures at 0,
+    inside, at a boundary, at the end), in one launch and in windows."""
+    tri = _tri()
+    from gdn_trt.plugins.gated_delta_rule import gluon_state
+
+    monkeypatch.setattr(tri, "TUNING", replace(tri.TUNING, state_gluon=True))  # for check_chunked
+    cases = [(Step((1000,), (3,), (500,)), QWEN3_NEXT, {}), (Step((65,), (3,), (64,)), QWEN3_NEXT, {}),
+             (VARLEN_STEP, ODD[1], {}), (VARLEN_STEP, ODD[1], dict(state_pipe=4, state_pipe_chunks=1))]
+    for step, heads, change in cases:
+        if not change and dtype == torch.bfloat16:  # (no fp16 bound against float64 is set: fp16 is pinned to
+            check_chunked(step, heads, dtype, "cuda", aligned=True)  # the Triton pass, checked in bf16 and fp32)
+        x, pack, pool = make_inputs(step, heads, dtype, "cuda", aligned=True)
+        N = len(step.lengths)
+        assert tri._state_tiling(tri.TUNING, heads.V, heads.HV * N, x.q.device).bv == tri.TUNING.state_bv
+        assert gluon_state.usable(x.q, x.k, heads.K, heads.V, tri.TUNING.state_bv), (step, heads)
+        at = torch.tensor(step.capture_at, dtype=torch.int32, device="cuda")
+        got = []
+        for on in (True, False):
+            tuning = replace(tri.TUNING, state_gluon=on, **change)
+            got_pool, got_cap = pool.clone(), torch.full((N, *x.state_shape), float("nan"), device="cuda")
+            with poisoned(tri):
+                o = tri.launch_chunked(x, pack, got_pool, Capture(at, got_cap), tuning)
+            got.append((o, got_pool, got_cap))
+        for name, gl_, tr in zip(("o", "ssm_pool", "ssm_capture"), *got):
+            torch.testing.assert_close(gl_, tr, rtol=0, atol=0, equal_nan=True, msg=f"{name}: Gluon != Triton")
 
 
 @pytest.mark.gpu

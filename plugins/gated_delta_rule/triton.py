@@ -28,6 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import pdl
 from ..packing import Capture, Packing
+from . import gluon_state
 from .io import GdnInputs
 from .triton_chunked import BC, BT, gdn_chunk_out_kernel, gdn_chunk_state_kernel
 from .triton_intra import gdn_chunk_intra_kernel, gdn_chunk_wu_kernel
@@ -220,6 +221,17 @@ class Tuning:
     state_pipe_many: int = 1
     state_pipe_chunks: int = 128
     state_pipe_high: bool = True
+    # The state pass in Gluon (`gluon_state`, sm_90, bf16 / fp16, K = 128, the single-sequence tiling in 32-wide
+    # V-tiles without K halves or WY): TMA loads two chunks ahead, h and v_new stored by TMA from the shared-memory
+    # copies the wgmmas read, each wgmma waited for where its result is used. Off, or a launch outside that scope:
+    # `gdn_chunk_state_kernel`. Measured (H200, 2026-12-04, bench/results/2026-12-04-gluon-state.txt), the pass
+    # alone at T = 4096, every form's outputs equal to the Triton pass's bit for bit where compared: the first
+    # probe 78.3-79.3 us (16384: 307.4) against 90.0-91.1 (348.0-348.3); the full-featured kernel with the capture
+    # snapshot as a branch in its chunk loop 110.8-111.3 (16384: 439.4), without that branch 71.5. The kernel now
+    # splits its loop at the cut instead (as the Triton pass does); that form was compiled for sm_90 but the
+    # session's device time ran out before it ran, so it stays off until its GPU tests and timing have run
+    # (tests/test_triton_gdn.py -k gluon, bench/passes.py --variant "gluon=state_gluon:True").
+    state_gluon: bool = False
     out_bv: int = 128
     out_warps: int = 4
     # 1 / |q| per row computed in pass 1 (from q loads beside its k loads, off the solve's dependent chain) and
@@ -499,7 +511,12 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
                 BK=_v_tile(64, K) if loop else BK, BV=_v_tile(64, V), LOOP=loop, c0=lo, num_warps=tuning.wu_warps,
                 num_stages=max(tuning.wu_stages, 1), **meta)
 
+    gluon = tuning.state_gluon and T > 0 and not st.kb and not st.wy and gluon_state.usable(q, k, K, V, st.bv)
+
     def state(lo: int, hi: int) -> None:
+        if gluon:
+            gluon_state.launch(k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, seq, st.bv, lo, hi)
+            return
         gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,
             KB=st.kb and K <= 128, t_inv=t_inv, v=v, b=b, s_vt=v.stride(0), s_vh=v.stride(1), s_bt=b.stride(0),
