@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the GPU tests, then the benchmarks, each stage under its own time limit, logs under $OUT.
 #   run(command="source bench/gpu-prelude.sh; bash bench/gpu-all.sh [stages]", carry=[".whl"])
-# stages (default: tests kernels): tests kernels lora runtime; KERNELS_ONLY passes --only to bench/kernels.py,
+# stages (default: tests kernels): tests kernels lora runtime gluon; KERNELS_ONLY passes --only to bench/kernels.py,
 # KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384 --name kernels-round2"), KERNELS_LIMIT its limit (s).
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
 # and failed; bench/kernels.py writes its results when cut.
@@ -47,6 +47,13 @@ for s in $stages; do
              tail -30 "$OUT/bench.log" ;;
     runtime) mkdir -p "$OUT/r"; timeout 270 python bench/runtime.py --deadline 225 --out "$OUT/r" >> "$OUT/bench.log" 2>&1
              tail -60 "$OUT/bench.log" ;;
-    *) echo "unknown stage $s (tests kernels lora runtime)"; exit 2 ;;
+    # the Gluon state pass (Tuning.state_gluon, off until this has run): its GPU tests, then the prefill pass by
+    # pass with it and without it beside FLA at the three lengths
+    gluon)   timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider \
+               tests/test_triton_gdn.py -k "gluon" > "$OUT/tests-gluon.log" 2>&1; tail -3 "$OUT/tests-gluon.log"
+             mkdir -p "$OUT/p"; timeout 200 python bench/passes.py --T 4096,16384,65536 --out "$OUT/p" \
+               --variant "gluon=state_gluon:True" --name passes-gluon >> "$OUT/bench.log" 2>&1
+             grep "whole\|state" "$OUT/bench.log" | tail -20 ;;
+    *) echo "unknown stage $s (tests kernels lora runtime gluon)"; exit 2 ;;
   esac
 done
