@@ -6,9 +6,9 @@
 For each length (and 16 x 1024 with --varlen) and each tuning (the default, then every --variant: fields of
 `gated_delta_rule.triton.Tuning`, values as Python literals): the whole prefill as `launch_chunked` runs it, then
 each of its launches alone with the state pass in one launch (`state_pipe = 1`), each replayed on its own call's
-buffers (`common.time_cuda`; the Gluon state pass, `Tuning.state_gluon`, as `state_gluon`). FLA: the whole call and
-`kernel_breakdown`'s per-kernel means, and the configs its autotuners chose (printed and kept in the JSON's meta).
-Rows: case, tuning, launch, time_us.
+buffers (`common.time_cuda`; the Gluon state pass, `Tuning.state_gluon`, as `state_gluon_kernel`). FLA: the whole
+call and `kernel_breakdown`'s per-kernel means, and the configs its autotuners chose (printed and kept in the JSON's
+meta). Rows: case, tuning, launch, time_us.
 """
 
 from __future__ import annotations
@@ -29,23 +29,6 @@ from gdn_trt.plugins.packing import Capture
 from gdn_trt.plugins.triton_aot import record
 
 COLUMNS = ["case", "tuning", "launch", "time_us"]
-
-
-def gluon_launches(call) -> list[tuple]:
-    """The arguments of the Gluon state pass's launches that `call()` makes (`gluon_state.launch`, which
-    `triton_aot.record` does not see: it is no Triton kernel of the module); they run as they are taken."""
-    taken, launch = [], gluon_state.launch
-
-    def spy(*args):
-        taken.append(args)
-        launch(*args)
-
-    gluon_state.launch = spy
-    try:
-        call()
-    finally:
-        gluon_state.launch = launch
-    return taken
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -108,10 +91,10 @@ def main() -> None:
             tu = replace(gdn_tri.TUNING, **kw)
             add(name, "whole prefill", lambda tu=tu: gdn_tri.launch_chunked(x, pack, pool, cap, tu))
             one = replace(tu, state_pipe=1, state_pipe_many=1)
-            for launch in record(gdn_tri, lambda: gdn_tri.launch_chunked(x, pack, pool, cap, one), run=True):
+            # the Gluon state pass (`Tuning.state_gluon`) is a kernel of gluon_state, launched from there
+            for launch in record((gdn_tri, gluon_state), lambda: gdn_tri.launch_chunked(x, pack, pool, cap, one),
+                                 run=True):
                 add(name, launch.name.removeprefix("gdn_chunk_"), launch)
-            for args in gluon_launches(lambda: gdn_tri.launch_chunked(x, pack, pool, cap, one)):
-                add(name, "state_gluon", lambda args=args: gluon_state.launch(*args))
         if not args.no_fla:
             cu = pack.cu_seqlens.long() if N > 1 else None
             add("FLA 0.6.0", "whole call", lambda: fla_chunk(x, cu, pool))

@@ -1,7 +1,7 @@
 """Compile the Triton launches of an entry point ahead of time for a GPU target, on a machine without a GPU.
 
 `record(module, call)` runs `call()` (an entry point of `module`, on CPU tensors of the real shapes) with every
-Triton kernel of `module` swapped for a recorder, so nothing launches (with `run=True` each launch runs as it is
+Triton kernel of `module` (or of several modules) swapped for a recorder, so nothing launches (with `run=True` each launch runs as it is
 recorded and can be replayed: `bench/passes.py` times the prefill's passes one by one that way);
 `compile_launch(launch)` then compiles one recorded launch with `triton.compile` for `TARGET` (sm_90),
 specialising its arguments exactly as Triton's JIT does at a launch (`native_specialize_impl`: dtypes,
@@ -89,19 +89,22 @@ class _Recorder:
         return launch
 
 
-def record(module: ModuleType, call: Callable[[], object], run: bool = False) -> list[Launch]:
-    """The launches `call()` makes through the kernels bound in `module`; none of them run, or (`run`) each runs as
-    it is recorded (on the device, or under the interpreter), so later launches see their inputs and a recorded
-    launch can be replayed."""
+def record(modules: ModuleType | tuple[ModuleType, ...], call: Callable[[], object], run: bool = False
+           ) -> list[Launch]:
+    """The launches `call()` makes through the kernels bound in `modules` (their `*_kernel` names: the helpers the
+    kernels call stay in place, so a kernel that compiles while recording finds them); none of them run, or (`run`)
+    each runs as it is recorded (on the device, or under the interpreter), so later launches see their inputs and a
+    recorded launch can be replayed. Gluon kernels (Triton's `JITFunction` too) are recorded alike."""
     log: list[Launch] = []
-    saved = {k: v for k, v in vars(module).items() if isinstance(v, (JITFunction, InterpretedFunction))}
+    saved = [(m, k, v) for m in (modules if isinstance(modules, tuple) else (modules,)) for k, v in vars(m).items()
+             if k.endswith("_kernel") and isinstance(v, (JITFunction, InterpretedFunction))]
     try:
-        for k, v in saved.items():
-            setattr(module, k, _Recorder(v, log, run))
+        for m, k, v in saved:
+            setattr(m, k, _Recorder(v, log, run))
         call()
     finally:
-        for k, v in saved.items():
-            setattr(module, k, v)
+        for m, k, v in saved:
+            setattr(m, k, v)
     return log
 
 

@@ -134,6 +134,18 @@ if gluon is not None:
         return b_h, n_gam, n_rk, n_last
 
     @gluon.jit
+    def _chunks(w_d, k_d, u_d, h_d, vn_d, w_s, k_s, u_s, h_s, vb_s, vs_s, bars, rk, gam, v_new, lo, hi, jl, jh, bos,
+                length, cut, i_c0, i_h, i_hv, i_v, o_t, o_c, b_h, b_gam, b_rk, b_last, acc_l: gl.constexpr,
+                H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                BT: gl.constexpr, STAGES: gl.constexpr):
+        """Chunks [lo, hi) of one segment (before or after the capture cut) of the window [jl, jh) (`_chunk`)."""
+        for j in range(lo, hi):
+            b_h, b_gam, b_rk, b_last = _chunk(w_d, k_d, u_d, h_d, vn_d, w_s, k_s, u_s, h_s, vb_s, vs_s, bars, rk, gam,
+                                              v_new, j, jl, jh, bos, length, cut, i_c0, i_h, i_hv, i_v, o_t, o_c, b_h,
+                                              b_gam, b_rk, b_last, acc_l, H, HV, K, V, BV, BT, STAGES)
+        return b_h, b_gam, b_rk, b_last
+
+    @gluon.jit
     def gdn_chunk_state_gluon_kernel(
         w_d, k_d, u_d, h_d, vn_d,  # TMA: w [T, HV K], k [T, H K], u [T, HV V], h [chunks HV K, V], v_new [T, HV V]
         rk, gam, v_new, pool, cap,  # as gdn_chunk_state_kernel's
@@ -195,18 +207,16 @@ if gluon is not None:
             b_gam, b_rk, b_last = _gates(gam, rk, jl, bos, length, cut, i_h, i_hv, o_t, H, HV, BT)
             # the loop splits at the capture cut, the snapshot between the two: with a branch for it in the loop
             # body the pass took 110.8 against 71.5 us at T = 4096 (H200; 228 registers against 160 at sm_90)
-            for j in range(jl, gl.minimum(jh, nc1)):
-                b_h, b_gam, b_rk, b_last = _chunk(
-                    w_d, k_d, u_d, h_d, vn_d, w_s, k_s, u_s, h_s, vb_s, vs_s, bars, rk, gam, v_new, j, jl, jh, bos,
-                    length, cut, i_c0, i_h, i_hv, i_v, o_t, o_c, b_h, b_gam, b_rk, b_last, acc_l, H, HV, K, V, BV, BT,
-                    STAGES)
+            b_h, b_gam, b_rk, b_last = _chunks(
+                w_d, k_d, u_d, h_d, vn_d, w_s, k_s, u_s, h_s, vb_s, vs_s, bars, rk, gam, v_new, jl, gl.minimum(jh, nc1),
+                jl, jh, bos, length, cut, i_c0, i_h, i_hv, i_v, o_t, o_c, b_h, b_gam, b_rk, b_last, acc_l, H, HV, K, V,
+                BV, BT, STAGES)
             if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):  # the window that goes on from the cut
                 gl.store(cap + o_hk, b_h)
-            for j in range(gl.maximum(jl, nc1), jh):
-                b_h, b_gam, b_rk, b_last = _chunk(
-                    w_d, k_d, u_d, h_d, vn_d, w_s, k_s, u_s, h_s, vb_s, vs_s, bars, rk, gam, v_new, j, jl, jh, bos,
-                    length, cut, i_c0, i_h, i_hv, i_v, o_t, o_c, b_h, b_gam, b_rk, b_last, acc_l, H, HV, K, V, BV, BT,
-                    STAGES)
+            b_h, b_gam, b_rk, b_last = _chunks(
+                w_d, k_d, u_d, h_d, vn_d, w_s, k_s, u_s, h_s, vb_s, vs_s, bars, rk, gam, v_new, gl.maximum(jl, nc1), jh,
+                jl, jh, bos, length, cut, i_c0, i_h, i_hv, i_v, o_t, o_c, b_h, b_gam, b_rk, b_last, acc_l, H, HV, K, V,
+                BV, BT, STAGES)
             tma.store_wait(0)
             for i in gl.static_range(STAGES):
                 mbarrier.invalidate(bars.index(i))

@@ -241,6 +241,37 @@ def store_halves(p, b_h1, b_h2, o_v, m_v, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
+def state_chunks(b_h, lo, hi, i_c0, bos, length, cut, k, s_kt, rk, w, u, t_inv, v, s_vt, b, s_bt, gam, h, v_new, i_h,
+                 i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                 V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, WY: tl.constexpr):
+    """Chunks [lo, hi) of one segment of a sequence (before or after the capture cut) through the state tile b_h:
+    `state_chunk`, or `state_chunk_wy` with WY."""
+    for j in range(lo, hi):
+        if WY:
+            b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h, v_new,
+                                 i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+        else:
+            b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv, o_i, o_k,
+                              o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+    return b_h
+
+
+@triton.jit
+def state_chunks_kb(b_h1, b_h2, lo, hi, i_c0, bos, length, cut, k, s_kt, rk, w, u, t_inv, v, s_vt, b, s_bt, gam, h,
+                    v_new, i_h, i_hv, o_i, o_v, m_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, WY: tl.constexpr):
+    """`state_chunks` with the state as two 64-row halves (`state_chunk_kb`, `state_chunk_wy_kb`)."""
+    for j in range(lo, hi):
+        if WY:
+            b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt,
+                                           gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+        else:
+            b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h,
+                                        i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+    return b_h1, b_h2
+
+
+@triton.jit
 def gdn_chunk_state_kernel(
     k, rk, w, u, gam,  # k: the raw strided view [T, H, K]; rk, w, u, gam from the intra pass
     h, v_new,  # [chunks, HV, K, V], [T, HV, V] activation dtype: per-chunk start states and v_new for pass 3
@@ -301,22 +332,14 @@ def gdn_chunk_state_kernel(
         b_h2 = tl.load(pool + o_k2[:, None] * V + o_v[None, :], mask=(o_k2 < K)[:, None] & m_v[None, :], other=0.0)
         if (c_at == 0) & first:
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        for j in range(jl, tl.minimum(jh, nc1)):
-            if WY:
-                b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
-                                               s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
-            else:
-                b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
-                                            v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+        b_h1, b_h2 = state_chunks_kb(b_h1, b_h2, jl, tl.minimum(jh, nc1), i_c0, bos, length, cut, k, s_kt, rk, w, u,
+                                     t_inv, v, s_vt, b, s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT,
+                                     PREC, WY)
         if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):  # the window that goes on from the cut (nc1 < n_chunks)
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
-        for j in range(tl.maximum(jl, nc1), jh):
-            if WY:
-                b_h1, b_h2 = state_chunk_wy_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b,
-                                               s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
-            else:
-                b_h1, b_h2 = state_chunk_kb(b_h1, b_h2, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h,
-                                            v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT, PREC)
+        b_h1, b_h2 = state_chunks_kb(b_h1, b_h2, tl.maximum(jl, nc1), jh, i_c0, bos, length, cut, k, s_kt, rk, w, u,
+                                     t_inv, v, s_vt, b, s_bt, gam, h, v_new, i_h, i_hv, o_i, o_v, m_v, H, HV, K, V, BT,
+                                     PREC, WY)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             store_halves(cap, b_h1, b_h2, o_v, m_v, K, V)
         if jl < jh:
@@ -329,22 +352,12 @@ def gdn_chunk_state_kernel(
         b_h = tl.load(pool + o_h, mask=m_h, other=0.0)
         if (c_at == 0) & first:
             tl.store(cap + o_h, b_h, mask=m_h)
-        for j in range(jl, tl.minimum(jh, nc1)):
-            if WY:
-                b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
-                                     v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
-            else:
-                b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
-                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+        b_h = state_chunks(b_h, jl, tl.minimum(jh, nc1), i_c0, bos, length, cut, k, s_kt, rk, w, u, t_inv, v, s_vt, b,
+                           s_bt, gam, h, v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC, WY)
         if (nc1 > 0) & (jl <= nc1) & (nc1 < jh):
             tl.store(cap + o_h, b_h, mask=m_h)
-        for j in range(tl.maximum(jl, nc1), jh):
-            if WY:
-                b_h = state_chunk_wy(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, t_inv, v, s_vt, b, s_bt, gam, h,
-                                     v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
-            else:
-                b_h = state_chunk(b_h, j, i_c0, bos, length, cut, k, s_kt, rk, w, u, gam, h, v_new, i_h, i_hv,
-                                  o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC)
+        b_h = state_chunks(b_h, tl.maximum(jl, nc1), jh, i_c0, bos, length, cut, k, s_kt, rk, w, u, t_inv, v, s_vt, b,
+                           s_bt, gam, h, v_new, i_h, i_hv, o_i, o_k, o_v, m_k, m_v, o_h, m_h, H, HV, K, V, BT, PREC, WY)
         if (length == c_at) & (length > 0) & (jh == n_chunks):
             tl.store(cap + o_h, b_h, mask=m_h)
         if jl < jh:
