@@ -47,12 +47,12 @@ for s in $stages; do
              tail -30 "$OUT/bench.log" ;;
     runtime) mkdir -p "$OUT/r"; timeout 270 python bench/runtime.py --deadline 225 --out "$OUT/r" >> "$OUT/bench.log" 2>&1
              tail -60 "$OUT/bench.log" ;;
-    # the Gluon state pass (Tuning.state_gluon, off until this has run): its GPU tests, then the prefill pass by
-    # pass with it and without it beside FLA at the issue's three lengths
+    # the Gluon state pass (Tuning.state_gluon, on): its GPU tests, then the prefill pass by pass with it and
+    # without it beside FLA at issue 18's three lengths
     gluon)   timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider \
                tests/test_triton_gdn.py -k "gluon" > "$OUT/tests-gluon.log" 2>&1; tail -3 "$OUT/tests-gluon.log"
              mkdir -p "$OUT/p"; timeout 200 python bench/passes.py --T 4096,16384,65536 --out "$OUT/p" \
-               --variant "gluon=state_gluon:True" --name passes-gluon >> "$OUT/bench.log" 2>&1
+               --variant "triton=state_gluon:False" --name passes-gluon >> "$OUT/bench.log" 2>&1
              grep "whole\|state" "$OUT/bench.log" | tail -20 ;;
     *) echo "unknown stage $s (tests kernels lora runtime gluon)"; exit 2 ;;
   esac

@@ -15,7 +15,8 @@ state equal to the Triton pass's bit for bit (H200, T = 4096 and 16384, and the 
 Timed (H200, 2026-12-04, bench/results/2026-12-04-gluon-state.txt), the pass alone at T = 4096 against the Triton
 pass's 90.0-91.1 us: the one-sequence probe 78.3-79.3 (16384: 307.4 against 348.0); the first full form, with the
 capture snapshot as a branch in the chunk loop, 110.8-111.3, and 71.5 without that branch. This form splits the loop
-at the cut instead; it is compiled for sm_90 and has not run on a GPU yet, so `Tuning.state_gluon` is off.
+at the cut instead: 70.9 / 272.4 / 1066.0 us at T = 4096 / 16384 / 65536 against the Triton pass's 90.3 / 345.6 /
+1343.9 (2026-12-04-passes-gluon-split.md), so `Tuning.state_gluon` is on.
 
 Scope (`usable`): bf16 / fp16 activations, K = 128, the single-sequence tiling without K halves or the WY form,
 sm_90 exactly (wgmma does not exist past it), TMA-aligned k. Everything else, the AOT plugins included, takes the

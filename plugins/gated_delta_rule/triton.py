@@ -223,15 +223,12 @@ class Tuning:
     state_pipe_high: bool = True
     # The state pass in Gluon (`gluon_state`, sm_90, bf16 / fp16, K = 128, the single-sequence tiling in 32-wide
     # V-tiles without K halves or WY): TMA loads two chunks ahead, h and v_new stored by TMA from the shared-memory
-    # copies the wgmmas read, each wgmma waited for where its result is used. Off, or a launch outside that scope:
-    # `gdn_chunk_state_kernel`. Measured (H200, 2026-12-04, bench/results/2026-12-04-gluon-state.txt), the pass
-    # alone at T = 4096, every form's outputs equal to the Triton pass's bit for bit where compared: the first
-    # probe 78.3-79.3 us (16384: 307.4) against 90.0-91.1 (348.0-348.3); the full-featured kernel with the capture
-    # snapshot as a branch in its chunk loop 110.8-111.3 (16384: 439.4), without that branch 71.5. The kernel now
-    # splits its loop at the cut instead (as the Triton pass does); that form was compiled for sm_90 but the
-    # session's device time ran out before it ran, so it stays off until its GPU tests and timing have run
-    # (tests/test_triton_gdn.py -k gluon, bench/passes.py --variant "gluon=state_gluon:True").
-    state_gluon: bool = False
+    # copies the wgmmas read, each wgmma waited for where its result is used; outputs equal to the Triton pass's bit
+    # for bit. A launch outside that scope (and the AOT plugins): `gdn_chunk_state_kernel`. Measured (H200,
+    # 2026-12-04, bench/results/2026-12-04-passes-gluon-split.md), the pass alone at T = 4096 / 16384 / 65536
+    # 70.9 / 272.4 / 1066.0 us against the Triton pass's 90.3 / 345.6 / 1343.9 (FLA's chunk_delta_h 82.6 / 309.2),
+    # the whole prefill 218.7 / 818.2 / 3223.0 against 239.7 / 899.3 / 3501.0 (FLA 271.8 / 1022.6 / 4140.2).
+    state_gluon: bool = True
     out_bv: int = 128
     out_warps: int = 4
     # 1 / |q| per row computed in pass 1 (from q loads beside its k loads, off the solve's dependent chain) and
