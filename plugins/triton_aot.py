@@ -1,12 +1,12 @@
 """Compile the Triton launches of an entry point ahead of time for a GPU target, on a machine without a GPU.
 
-`record(module, call)` runs `call()` (an entry point of `module`, on CPU tensors of the real shapes) with every
-Triton kernel of `module` (or of several modules) swapped for a recorder, so nothing launches (with `run=True` each launch runs as it is
-recorded and can be replayed: `bench/passes.py` times the prefill's passes one by one that way);
-`compile_launch(launch)` then compiles one recorded launch with `triton.compile` for `TARGET` (sm_90),
-specialising its arguments exactly as Triton's JIT does at a launch (`native_specialize_impl`: dtypes,
-16-divisible integers and pointers, integers equal to 1). What comes back is what the device would compile:
-registers, spill stack, shared memory, and the compile time.
+`record(module, call)` runs `call()` (an entry point of `module`, on CPU tensors of the real shapes) with every Triton
+kernel of `module` (or of several modules) swapped for a recorder, so nothing launches (with `run=True` each launch
+runs as it is recorded and can be replayed: `bench/passes.py` times the prefill's passes one by one that way);
+`compile_launch(launch)` then compiles one recorded launch with `triton.compile` for `TARGET` (sm_90), specialising
+its arguments exactly as Triton's JIT does at a launch (`native_specialize_impl`: dtypes, 16-divisible integers and
+pointers, integers equal to 1). What comes back is what the device would compile: registers, spill stack, shared
+memory, and the compile time.
 
 Why: shared memory over the limit ("out of resource") and compile blow-ups (IEEE fp32 dots lowered to unrolled
 FMA loops) showed up only on the H200 so far, where device time is scarce; both are properties of the compiled

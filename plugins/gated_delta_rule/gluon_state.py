@@ -238,7 +238,7 @@ def usable(q: torch.Tensor, k: torch.Tensor, K: int, V: int, bv: int) -> bool:
         k.data_ptr() % 16 == 0
 
 
-def _layout(block: list[int], dtype: torch.dtype):
+def _layout(block: list[int]):
     """The NVMMA shared layout of a [rows, cols] tile of 2-byte elements: the widest swizzle its rows allow."""
     row_bytes = block[1] * 2
     swizzle = 128 if row_bytes % 128 == 0 else 64 if row_bytes % 64 == 0 else 32
@@ -253,7 +253,7 @@ def launch(k, rk, w, u, gam, h, v_new, pool, cap, seq, bv: int, c_lo: int, c_hi:
     HV, V = u.shape[1:]
 
     def desc(t: torch.Tensor, shape: list[int], stride: list[int], block: list[int]):
-        return TensorDescriptor(t, shape, stride, block, _layout(block, t.dtype))
+        return TensorDescriptor(t, shape, stride, block, _layout(block))
 
     w_d = desc(w, [T, HV * K], [HV * K, 1], [BT, K])
     k_d = desc(k, [T, H * K], [k.stride(0), 1], [BT, K])
