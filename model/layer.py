@@ -80,6 +80,15 @@ class _Io:
             self._onehot = one_hot(self.lora)  # once per step and layer: every projection shares it
         return apply_sites(y, x, self._onehot, self.lora, where)
 
+    def conv_in_gemm(self, x: Tensor, w: Tensor, adapted: bool) -> bool:
+        """Whether the in-projection x w^T and the conv update run as one kernel (`glue.linear_conv`): a mode with
+        one token per sequence that writes the pools (decode), no LoRA update on the projection (`adapted`: the
+        layer has in_proj sites), and a call the fused kernel takes (`glue.conv_in_gemm`). On the H200 at N = 64
+        the two took 19.8 and 8.1 us of a layer's step (bench/results/2026-12-04-gemm-step-late.md)."""
+        spec = self.mode.spec
+        return (spec.writes is Writes.POOLS and spec.one_token_per_sequence
+                and not (adapted and self.lora is not None) and glue.conv_in_gemm(x, w))
+
     def conv(self, name: str, x: Tensor, conv: ConvParams) -> Tensor:
         """The mode's conv op (`ModeSpec.conv`) on state part `name` (conv, ple_conv)."""
         pool, writes = getattr(self.state, name), self.mode.spec.writes
@@ -324,9 +333,15 @@ class GdnLayer(nn.Module):
         cfg, m = self.cfg, self.mixer
         T, H, HV = h.shape[0], cfg.linear_num_key_heads, cfg.linear_num_value_heads
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        proj = io.adapt(_linear(h, m.in_proj, fused), h, self._by_proj[Proj.IN_PROJ])
-        qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
-        qkv = io.conv("conv", qkv, ConvParams(m.conv, 1, Activation.SILU))
+        conv = ConvParams(m.conv, 1, Activation.SILU)
+        if fused and io.conv_in_gemm(h, m.in_proj, bool(self._by_proj[Proj.IN_PROJ])):
+            proj = glue.linear_conv(h, m.in_proj, conv, io.pack, io.state.conv)
+            io.pools["conv"] = io.state.conv
+            qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
+        else:
+            proj = io.adapt(_linear(h, m.in_proj, fused), h, self._by_proj[Proj.IN_PROJ])
+            qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
+            qkv = io.conv("conv", qkv, conv)
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)
         o = io.gdn(x)

@@ -41,6 +41,19 @@ def within_bound(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, u_out: float
     assert worst <= 1.0, f"error {worst:.2f}x the bound (M {x.shape[0]}, N {w.shape[0]}, K {x.shape[1]})"
 
 
+def _conv_case(M: int, N: int, K: int, D: int, S: int, dtype=torch.float32, device="cpu"):
+    """x [M, K], w [N, K], the GDN conv over the first D of N channels, a pool of S slots and the packing of M
+    one-token sequences: every fourth one padding (slot -1), the others on distinct slots, spread over the pool."""
+    from gdn_trt.plugins.causal_conv1d.io import ConvParams
+    from gdn_trt.plugins.packing import Packing
+
+    g = torch.Generator().manual_seed(M * 1000 + N)
+    slots = [-1 if m % 4 == 1 else s for m, s in zip(range(M), torch.randperm(S, generator=g).tolist())]
+    mk = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)  # noqa: E731
+    return (mk(M, K), mk(N, K, scale=K ** -0.5), ConvParams(mk(D, 4, scale=0.5)), Packing.build([1] * M, slots,
+            device), mk(S, 3, D))
+
+
 if not INSIDE:
     from gdn_trt.plugins.glue import op as glue
 
@@ -89,11 +102,51 @@ if not INSIDE:
 
         for row in gemm.TABLE:
             N = 12352 if row.min_n else 2048
+            # in_proj's rows also with the conv in the epilogue (`op.linear_conv`: Qwen3-Next's 8192 conv channels)
+            convs = [None] + ([(torch.empty(8192, 4, dtype=torch.bfloat16), torch.empty(9, 3, 8192,
+                                dtype=torch.bfloat16), torch.empty(row.max_m, dtype=torch.int32))] if row.min_n else [])
             for K in (2048, 2560 + 64):
-                x, w = torch.empty(row.max_m, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16)
-                (launch,) = triton_aot.record(gemm, lambda: gemm.launch(x, w, row.cfg))
-                c = triton_aot.compile_launch(launch)
-                assert c.spill_stack == 0 and c.shared <= triton_aot.SMEM_LIMIT, f"{row.cfg} K {K}: {c.row()}"
+                for conv in convs:
+                    x, w = torch.empty(row.max_m, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16)
+                    (launch,) = triton_aot.record(gemm, lambda: gemm.launch(x, w, row.cfg, conv))
+                    c = triton_aot.compile_launch(launch)
+                    assert c.spill_stack == 0 and c.shared <= triton_aot.SMEM_LIMIT, \
+                        f"{row.cfg} K {K} conv {conv is not None}: {c.row()}"
+
+    def test_linear_conv_refuses_bad_calls_and_changes_nothing():
+        """Each bad call raises before anything is written: the pool is unchanged bit for bit."""
+        from dataclasses import replace
+
+        from gdn_trt.plugins.packing import Packing
+
+        x, w, conv, pack, pool = _conv_case(4, 96, 64, 32, 6)
+        before = pool.clone()
+        bad = {"conv wider than the projection": (x, w[:16], conv, pack, pool),
+               "width 3": (x, w, replace(conv, weight=conv.weight[:, :3].contiguous()), pack, pool),
+               "dilation 2": (x, w, replace(conv, dilation=2), pack, pool),
+               "pool of another width": (x, w, conv, pack, pool[:, :, :16]),
+               "more sequences than tokens": (x, w, conv, Packing.build([1] * 5, list(range(5))), pool),
+               "K mismatch": (x[:, :32], w, conv, pack, pool)}
+        for why, args in bad.items():
+            with pytest.raises(ValueError):
+                glue.linear_conv(*args)
+            assert torch.equal(pool, before), why
+
+    def test_linear_conv_reference_is_the_projection_then_the_conv():
+        """The float64 reference (CPU: naive.linear_conv) against its definition, op by op: the projection, its
+        first D columns through causal_conv1d's own update (the conv op the unfused path calls) on a copy of the
+        pool; the columns past D are the projection itself."""
+        import torch.nn.functional as F
+
+        from gdn_trt.plugins.causal_conv1d import op as conv_op
+
+        x, w, conv, pack, pool = _conv_case(7, 96, 64, 48, 10, torch.float64)
+        want_pool = pool.clone()
+        proj = F.linear(x, w)
+        want, _ = conv_op.update(proj[:, :48].contiguous(), conv, pack, want_pool)
+        y = glue.linear_conv(x, w, conv, pack, pool)
+        assert torch.equal(y[:, 48:], proj[:, 48:]) and torch.equal(y[:, :48], want)
+        assert torch.equal(pool, want_pool)
 
     # ---- GPU ----
     NEXT = {"in_proj": (12352, 2048), "out_proj": (2048, 4096)}  # Qwen3-Next [N, K]
@@ -257,6 +310,50 @@ if not INSIDE:
         assert calls == [1, top], "a call outside the dispatch reached the Triton GEMM"
 
     @pytest.mark.gpu
+    @pytest.mark.parametrize("M", [1, 8, 33, 64])
+    def test_conv_epilogue_real_shapes_against_float64_and_the_two_kernels(M, monkeypatch):
+        """Qwen3-Next's in_proj with the conv (D = 8192 of 12352 channels) in the GEMM's epilogue, bf16: the same
+        bits as the same GEMM launch followed by the conv kernel (output and pool), within the float64
+        reference's bound, pool rows outside the step and padding rows' conv columns as they must be, and a graph
+        replay equal to the eager call."""
+        from gdn_trt.plugins.causal_conv1d import triton as conv_tri
+        from gdn_trt.plugins.glue import gemm, naive
+
+        _poison(monkeypatch)
+        N, K = NEXT["in_proj"]
+        x, w, conv, pack, pool = _conv_case(M, N, K, 8192, 2 * M + 3, torch.bfloat16, "cuda")
+        assert glue.conv_in_gemm(x, w)
+        two_pool = pool.clone()
+        ref_pool = pool.double()
+        before = pool.clone()
+        y = glue.linear_conv(x, w, conv, pack, pool)
+        cfg = gemm.config_for(M, N)
+        two = gemm.launch(x, w, cfg)
+        two[:, :8192] = conv_tri.update(two[:, :8192], conv, pack, two_pool)
+        assert torch.equal(y, two) and torch.equal(pool, two_pool)
+        ref = naive.linear_conv(x.double(), w.double(), type(conv)(conv.weight.double()), pack, ref_pool)
+        # bf16: one rounding of the projection (2^-8 of it), which the conv reads as its newest tap (weights below
+        # 2 here), the fp32 sums, one rounding of y (2^-8): 2^-6 of the magnitudes covers them with room
+        mag = x.double().abs() @ w.double().abs().T
+        assert ((y.double() - ref).abs() <= 2.0**-6 * (mag + ref.abs()) + 1e-6).all()
+        live = pack.slots.tolist()
+        untouched = [s for s in range(pool.shape[0]) if s not in live]
+        assert torch.equal(pool[untouched], before[untouched])
+        kept = [s for s in live if s >= 0]
+        assert torch.equal(pool[kept, :2], before[kept, 1:]), "the window did not shift by one token"
+        pad = [m for m, s in enumerate(live) if s < 0]
+        assert torch.equal(y[pad, :8192], torch.zeros_like(y[pad, :8192]))
+        pool.copy_(before)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = glue.linear_conv(x, w, conv, pack, pool)
+        pool.copy_(before)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, y) and torch.equal(pool, two_pool)
+
+    @pytest.mark.gpu
     def test_real_layer_decode_graph_runs_the_kernel_and_replays_bit_for_bit(monkeypatch):
         """The Qwen3-Next layer at real shapes, decode of 4 sequences: in_proj and out_proj go to the Triton GEMM,
         and a CUDA-graph replay of the step equals its eager run bit for bit (output and pools)."""
@@ -267,7 +364,7 @@ if not INSIDE:
         assert _crossover(monkeypatch) >= 4
         calls = []
         launch = gemm.launch
-        monkeypatch.setattr(gemm, "launch", lambda x, w, c: calls.append(tuple(w.shape)) or launch(x, w, c))
+        monkeypatch.setattr(gemm, "launch", lambda x, w, *a: calls.append(tuple(w.shape)) or launch(x, w, *a))
         layer = make_layer("qwen3-next-80b-a3b", 0, torch.bfloat16, "cuda")
         x = torch.randn(4, layer.cfg.stream_dim, device="cuda").bfloat16()
         want, out = decode_eager_and_replayed(layer, x, torch.randn_like(x), None)
@@ -344,6 +441,30 @@ else:
             for M in ms:
                 x, w = _poisoned_x(M, K), torch.randn(N, K)
                 within_bound(x, w, gemm.launch(x, w, cfg), U_ACC)
+
+    @pytest.mark.parametrize("cfg", [C(16, 16, 32), C(1, 8, 64, dot=False), C(16, 16, 32, split=3),
+                                     C(32, 16, 64, spread=1)], ids=str)
+    def test_conv_epilogue_against_float64(cfg, monkeypatch):
+        """The conv update in the epilogue (fp32): the conv's channels (40: not a multiple of BN, so one tile holds
+        both kinds) against the float64 reference, every fourth token padding (conv columns 0, no pool row
+        touched), pool rows outside the step bit for bit, outputs poisoned with NaN. Tolerance: fp32 sums of K
+        products and of four taps, about 1e-6 of their magnitudes here."""
+        from gdn_trt.plugins.glue import naive
+
+        new = gemm._new
+        monkeypatch.setattr(gemm, "_new", lambda *a: new(*a).fill_(float("nan")))
+        monkeypatch.setattr(gemm, "SMS", 5)
+        M = 2 if cfg.bm == 1 else 7
+        x, w, conv, pack, pool = _conv_case(M, 70, 96, 40, 11)
+        before, ref_pool = pool.clone(), pool.double()
+        y = gemm.launch(x, w, cfg, (conv.weight, pool, pack.slots))
+        ref = naive.linear_conv(x.double(), w.double(), type(conv)(conv.weight.double()), pack, ref_pool)
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pool.double(), ref_pool, rtol=1e-5, atol=1e-5)
+        live = pack.slots.tolist()
+        untouched = [s for s in range(11) if s not in live]
+        assert torch.equal(pool[untouched], before[untouched])
+        assert all(not y[m, :40].any() for m, s in enumerate(live) if s < 0)
 
     def test_row_strided_input_and_empty_shapes():
         big = torch.randn(3, 300)

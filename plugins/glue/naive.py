@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..packing import compute_dtype
+from ..causal_conv1d import naive as conv_naive
+from ..causal_conv1d.io import ConvParams
+from ..packing import Packing, compute_dtype
 from .io import PleNorms
 
 
@@ -104,3 +106,12 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
     """y = x w^T of a projection in the compute dtype, cast once: x [M, K], w [N, K] -> [M, N]."""
     cd = compute_dtype(x.dtype)
     return F.linear(x.to(cd), w.to(cd)).to(x.dtype)
+
+
+def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor) -> Tensor:
+    """`linear`, then the conv update (`causal_conv1d.naive.update`) of its first D columns in their place: [M, N];
+    writes the window after each sequence's token to conv_pool[slot]."""
+    y = linear(x, w)
+    D = conv.weight.shape[0]
+    y[:, :D] = conv_naive.update(y[:, :D], conv, pack, conv_pool)
+    return y

@@ -21,6 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import library
+from ..causal_conv1d.io import ConvParams
+from ..packing import Packing
+from ..spec import Activation
 from . import naive
 from .io import PleNorms, check_rows, check_same, check_vector
 
@@ -136,15 +139,50 @@ def ple_gate(key: Tensor, value: Tensor, streams: Tensor, norms: PleNorms) -> tu
     return _impl(key).ple_gate(key, value, streams, norms)
 
 
+def _skinny(x: Tensor, w: Tensor) -> bool:
+    """Whether the skinny GEMM can take x w^T at all: CUDA, bf16 or fp16, N >= GEMM_MIN_N, K >= GEMM_MIN_K, x
+    unit-strided along K, w contiguous, M within the table."""
+    return (x.is_cuda and x.dtype in _GEMM_DTYPES and x.dim() == 2 and w.dim() == 2 and w.dtype == x.dtype
+            and w.device == x.device and w.shape[0] >= GEMM_MIN_N and x.shape[1] == w.shape[1] >= GEMM_MIN_K
+            and x.stride(1) == 1 and w.is_contiguous() and 1 <= x.shape[0] <= _impl(x).gemm.TABLE[-1].max_m)
+
+
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """y = x w^T of one of the layer's projections: x [M, K], w [N, K] -> [M, N]. A decode-sized call on CUDA
-    (bf16 or fp16, N >= GEMM_MIN_N, K >= GEMM_MIN_K, x unit-strided along K, w contiguous) whose launch in
-    `gemm.TABLE` beat cuBLAS runs the skinny Triton GEMM (gemm.py); every other call, the CPU and fp32 ones
-    included, is F.linear exactly as before."""
-    if (x.is_cuda and x.dtype in _GEMM_DTYPES and x.dim() == 2 and w.dim() == 2 and w.dtype == x.dtype
-            and w.device == x.device and w.shape[0] >= GEMM_MIN_N and x.shape[1] == w.shape[1] >= GEMM_MIN_K
-            and x.stride(1) == 1 and w.is_contiguous()):
-        impl = _impl(x)
-        if impl.gemm.dispatched(x.shape[0], w.shape[0]):
-            return impl.linear(x, w)
+    (`_skinny`) whose launch in `gemm.TABLE` beat cuBLAS runs the skinny Triton GEMM (gemm.py); every other call,
+    the CPU and fp32 ones included, is F.linear exactly as before."""
+    if _skinny(x, w) and _impl(x).gemm.dispatched(x.shape[0], w.shape[0]):
+        return _impl(x).linear(x, w)
     return F.linear(x, w)
+
+
+def conv_in_gemm(x: Tensor, w: Tensor) -> bool:
+    """Whether `linear_conv(x, w, ...)` runs as one launch (the skinny GEMM takes the call and
+    `triton.Tuning.conv_in_gemm` is on); the layer calls it only then, and the projection and the conv kernel
+    separately otherwise."""
+    return _skinny(x, w) and _impl(x).TUNING.conv_in_gemm
+
+
+def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor) -> Tensor:
+    """The in-projection and the conv update of a decode step in one: y = x w^T [M, N], whose first D columns
+    (D = the conv's channels, D <= N) are replaced by the causal conv update of those columns as
+    `causal_conv1d.op.update` computes it, which writes each sequence's window after its token to conv_pool[slot].
+    For the modes with one token per sequence (`ModeSpec.one_token_per_sequence`): token m is sequence m, so
+    pack.cu_seqlens must be 0..M (not read: the caller's mode guarantees it). The conv must be the GDN conv: width
+    4, dilation 1, silu. On CUDA a call the skinny GEMM can take (`_skinny`) runs it with the conv in its epilogue
+    (gemm._conv_out): one launch instead of two, and the projection's conv columns are never read back."""
+    M = x.shape[0] if x.dim() == 2 else -1
+    D = conv.weight.shape[0]
+    if w.dim() != 2 or x.dim() != 2 or x.shape[1] != w.shape[1] or not D <= w.shape[0]:
+        raise ValueError(f"x [M, K] and w [N, K] with N >= the conv's {D} channels, got {tuple(x.shape)} and "
+                         f"{tuple(w.shape)}")
+    if conv.width != 4 or conv.dilation != 1 or conv.activation != Activation.SILU:
+        raise ValueError(f"the fused conv is the GDN conv (width 4, dilation 1, silu), got width {conv.width}, "
+                         f"dilation {conv.dilation}, activation {conv.activation}")
+    conv.check(x.new_empty(0, D), conv_pool)
+    pack.check_shapes(M)
+    if pack.num_seqs != M:
+        raise ValueError(f"one token per sequence: {M} tokens but {pack.num_seqs} sequences")
+    if not conv_pool.is_contiguous() or not conv.weight.is_contiguous():
+        raise ValueError("conv_pool and the conv weight must be contiguous")
+    return _impl(x).linear_conv(x, w, conv, pack, conv_pool)

@@ -27,7 +27,8 @@ Operands may have any row stride; their last dim must be contiguous (the checks 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -36,6 +37,9 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import pdl
+from ..causal_conv1d import triton as conv_tri
+from ..causal_conv1d.io import ConvParams
+from ..packing import Packing
 from . import gemm  # noqa: F401 (op.linear asks gemm.dispatched)
 from .gemm import linear  # noqa: F401 (the Triton entry of naive.linear)
 from .io import PleNorms
@@ -51,6 +55,9 @@ class Tuning:
     rows: int = 16  # value-head rows per program of the gated norm (V = 128: 2048 elements)
     warps: int = 4
     wide_warps: int = 8  # row kernels holding 4096 or more elements per program
+    # the decode step's conv update in the in-projection's epilogue (`linear_conv`); GDN_TRT_CONV_IN_GEMM=0 turns
+    # it off (the A/B switch of the benches)
+    conv_in_gemm: bool = os.environ.get("GDN_TRT_CONV_IN_GEMM", "1") != "0"
 
 
 TUNING = Tuning()
@@ -331,3 +338,20 @@ def ple_gate(key: Tensor, value: Tensor, streams: Tensor, norms: PleNorms) -> tu
                                 value.stride(0), streams.stride(0), norms.eps, C ** 0.5, C=C, NG=n, BC=BC,
                                 num_warps=_warps(BC), **pdl.options(gv.device))
     return gv, u
+
+
+def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor) -> Tensor:
+    """`naive.linear_conv` in one launch of the skinny GEMM with the conv update in its epilogue, where the GEMM can
+    take the call (`op._skinny`; at every M of the table, also where cuBLAS alone would be faster: the fusion saves
+    the conv's launch and its read of the projection); else the projection (`op.linear`) and the conv kernel.
+    The launch triggers its dependent late (`gemm.Config.late`): the next kernel is the GDN decode, whose programs
+    would otherwise wait on the SMs through the GEMM, as the conv's did (gemm.Config.late)."""
+    from . import op
+
+    if not op._skinny(x, w):
+        y = op.linear(x, w)
+        D = conv.weight.shape[0]
+        y[:, :D] = conv_tri.update(y[:, :D], conv, pack, conv_pool)
+        return y
+    cfg = replace(gemm.config_for(x.shape[0], w.shape[0]), late=True)
+    return gemm.launch(x, w, cfg, (conv.weight, conv_pool, pack.slots))
