@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: the GPU tests, then the benchmarks, each stage under its own time limit, logs under $OUT.
 #   run(command="source bench/gpu-prelude.sh; bash bench/gpu-all.sh [stages]", carry=[".whl"])
-# stages (default: tests kernels): tests kernels lora runtime gluon; KERNELS_ONLY passes --only to bench/kernels.py,
-# KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384 --name kernels-round2"), KERNELS_LIMIT its limit (s).
+# stages (default: tests kernels): tests kernels lora runtime gluon conv; KERNELS_ONLY passes --only to
+# bench/kernels.py, KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384 --name kernels-round2"),
+# KERNELS_LIMIT its limit (s).
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
 # and failed; bench/kernels.py writes its results when cut.
 # Budget seen on the H200 (2026-12-02): tests > 330 s with 14 workers (compile-bound: the fp32 prefill kernels with
@@ -54,6 +55,14 @@ for s in $stages; do
              mkdir -p "$OUT/p"; timeout 200 python bench/passes.py --T 4096,16384,65536 --out "$OUT/p" \
                --variant "triton=state_gluon:False" --name passes-gluon >> "$OUT/bench.log" 2>&1
              grep "whole\|state" "$OUT/bench.log" | tail -20 ;;
-    *) echo "unknown stage $s (tests kernels lora runtime gluon)"; exit 2 ;;
+    # the conv update in the in-projection's epilogue (glue triton.Tuning.conv_in_gemm, off): its GPU tests, then
+    # the decode step (bench/runtime.py's static rows, 100 steps) without it and with it, twice each, interleaved
+    conv)    timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider \
+               tests/test_glue_gemm.py -k "conv or layer" > "$OUT/tests-conv.log" 2>&1; tail -3 "$OUT/tests-conv.log"
+             for r in 1 2; do for on in 0 1; do mkdir -p "$OUT/c$on$r"
+               GDN_TRT_CONV_IN_GEMM=$on timeout 90 python bench/runtime.py --only static --steps 100 --deadline 70 \
+                 --out "$OUT/c$on$r" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/c$on$r"/*.png "$OUT/c$on$r"/*.json
+               echo "conv_in_gemm=$on round $r"; grep "^| static" "$OUT/c$on$r"/*.md; done; done ;;
+    *) echo "unknown stage $s (tests kernels lora runtime gluon conv)"; exit 2 ;;
   esac
 done

@@ -10,6 +10,10 @@ allocated once and its counters are back at zero after every call. GPU (marked g
 against float64 and against cuBLAS, repeated split-K calls bit for bit (the arrival order of the slices varies),
 graph replay equal to eager bit for bit, a first split-K launch under capture refused, the dispatch boundaries, and
 a real-shape layer whose decode graph runs the kernel.
+The conv in the epilogue (`glue.linear_conv`): bad calls refused with the pool untouched and the reference against
+its definition (CPU); every kernel form against float64 with padding rows and pool rows outside the step checked
+(interpreter); on the GPU the real in_proj against the GEMM followed by the conv kernel bit for bit, against float64
+and under graph replay, and the real layers' decode with it on and off bit for bit.
 """
 
 from __future__ import annotations
@@ -321,14 +325,16 @@ if not INSIDE:
 
         _poison(monkeypatch)
         N, K = NEXT["in_proj"]
+        calls = []
+        launch = gemm.launch
+        monkeypatch.setattr(gemm, "launch", lambda *a: calls.append(len(a)) or launch(*a))
         x, w, conv, pack, pool = _conv_case(M, N, K, 8192, 2 * M + 3, torch.bfloat16, "cuda")
-        assert glue.conv_in_gemm(x, w)
         two_pool = pool.clone()
         ref_pool = pool.double()
         before = pool.clone()
         y = glue.linear_conv(x, w, conv, pack, pool)
-        cfg = gemm.config_for(M, N)
-        two = gemm.launch(x, w, cfg)
+        assert calls == [4], "the call did not reach the GEMM with the conv in its epilogue"
+        two = gemm.launch(x, w, gemm.config_for(M, N))
         two[:, :8192] = conv_tri.update(two[:, :8192], conv, pack, two_pool)
         assert torch.equal(y, two) and torch.equal(pool, two_pool)
         ref = naive.linear_conv(x.double(), w.double(), type(conv)(conv.weight.double()), pack, ref_pool)
@@ -352,6 +358,37 @@ if not INSIDE:
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, y) and torch.equal(pool, two_pool)
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("case", [("qwen3-next-80b-a3b", 0), ("qwen4-exp", 1)], ids=lambda c: c[0])
+    def test_layer_decode_with_the_conv_in_gemm_equals_the_two_kernels_bit_for_bit(case, monkeypatch):
+        """The real-shape layer (plain, and hc with PLE) in both one-token decode modes with
+        `triton.Tuning.conv_in_gemm` on and off, the GEMM dispatched at every M of the table so that both runs
+        take the same projection launch: the same output and pools bit for bit, and the fused launch ran."""
+        from dataclasses import replace
+
+        from gdn_trt.model.modes import LayerMode
+        from gdn_trt.plugins.glue import gemm
+        from gdn_trt.plugins.glue import triton as glue_tri
+
+        from .glue_support import make_layer, run_step
+
+        _crossover(monkeypatch)
+        convs = []
+        launch = gemm.launch
+        monkeypatch.setattr(gemm, "launch", lambda *a: convs.append(len(a) == 4) or launch(*a))
+        layer = make_layer(*case, torch.bfloat16, "cuda")
+        for mode in (LayerMode.DECODE, LayerMode.DECODE_MULTI_SEQ):
+            ran = {}
+            for on in (False, True):
+                monkeypatch.setattr(glue_tri, "TUNING", replace(glue_tri.TUNING, conv_in_gemm=on))
+                convs.clear()
+                ran[on] = run_step(layer, mode, True)
+                assert any(convs) == on, f"{mode.value}: the fused launch {'did not run' if on else 'ran'}"
+            assert torch.equal(ran[False].x, ran[True].x), mode.value
+            assert ran[False].residual is None or torch.equal(ran[False].residual, ran[True].residual)
+            for k in ran[False].buffers:
+                assert torch.equal(ran[False].buffers[k], ran[True].buffers[k]), f"{mode.value} {k}"
 
     @pytest.mark.gpu
     def test_real_layer_decode_graph_runs_the_kernel_and_replays_bit_for_bit(monkeypatch):

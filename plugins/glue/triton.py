@@ -55,9 +55,10 @@ class Tuning:
     rows: int = 16  # value-head rows per program of the gated norm (V = 128: 2048 elements)
     warps: int = 4
     wide_warps: int = 8  # row kernels holding 4096 or more elements per program
-    # the decode step's conv update in the in-projection's epilogue (`linear_conv`); GDN_TRT_CONV_IN_GEMM=0 turns
-    # it off (the A/B switch of the benches)
-    conv_in_gemm: bool = os.environ.get("GDN_TRT_CONV_IN_GEMM", "1") != "0"
+    # the decode step's conv update in the in-projection's epilogue (`linear_conv`), where the layer uses it. Off
+    # until it has run on a GPU: written and checked on the CPU (interpreter, sm_90 compile) in a sitting without
+    # a device. GDN_TRT_CONV_IN_GEMM=1 turns it on (the A/B switch of the benches: bench/gpu-all.sh conv)
+    conv_in_gemm: bool = os.environ.get("GDN_TRT_CONV_IN_GEMM", "0") == "1"
 
 
 TUNING = Tuning()
