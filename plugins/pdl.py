@@ -18,7 +18,8 @@ before it does not write: every kernel before that one has completed by then (th
 own wait; one launched without PDL starts only after its predecessor completed). Two kernels read before the wait:
 the conv update reads its packing (cu_seqlens, slots), and the GDN decode its packing (and, with
 `Tuning.rec_qkv_first` off, its state tile at the slot the packing names). The kernel before the conv in a layer
-is a projection (GEMM, LoRA), the one before the GDN decode the conv: none writes the packing or the SSM pool. A
+is a projection (GEMM, LoRA), the one before the GDN decode the conv (or the in-projection with the conv in its
+epilogue, `glue.linear_conv`, which writes the conv pool): none writes the packing or the SSM pool. A
 caller that writes a packing by a kernel right before one of these ops could not give that guarantee, so PDL is on
 only inside `scope()`, which the runtime's stack opens around its layer calls (its packing comes from the host by a
 copy, `runtime/pack.py`).

@@ -303,7 +303,9 @@ def _conv_out(acc, dt, o_n, o_m, m_n, m_m, cw, pool, slots, D: tl.constexpr):
     first); y = silu(w[:, 3] x + sum_j w[:, j] h_j) with x the projection rounded to the activation dtype, as the
     unfused path stores it before the conv reads it; the window after the token, [h_1, h_2, x], is written back.
     Rows of slot -1 (padding) get y = 0 and touch no pool row. Each (slot, channel) belongs to one program (one
-    token per sequence, distinct slots, no split of the epilogue), so no other program reads what this one writes."""
+    token per sequence, distinct slots, no split of the epilogue), so no other program reads what this one writes.
+    Compiled for sm_90 (CPU, 2026-12-04), in_proj's M = 64 launch takes 246 registers with it against 64 without,
+    no spills: 2 programs an SM by registers, for its 193 programs on 132 SMs (one wave either way)."""
     b_x = acc.to(dt).to(tl.float32)
     m_c = m_n & (o_n < D)
     slot = tl.load(slots + o_m, mask=m_m, other=-1).to(tl.int64)
