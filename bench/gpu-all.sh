@@ -62,7 +62,13 @@ for s in $stages; do
              for r in 1 2; do for on in 0 1; do mkdir -p "$OUT/c$on$r"
                GDN_TRT_CONV_IN_GEMM=$on timeout 90 python bench/runtime.py --only static --steps 100 --deadline 70 \
                  --out "$OUT/c$on$r" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/c$on$r"/*.png "$OUT/c$on$r"/*.json
-               echo "conv_in_gemm=$on round $r"; grep "^| static" "$OUT/c$on$r"/*.md; done; done ;;
+               echo "conv_in_gemm=$on round $r"; grep "^| static" "$OUT/c$on$r"/*.md; done; done
+             # with it on, the fused launch at N = 64 in the step (gemm_step.py sets the table's in_proj row; the
+             # fused path takes it whatever its ratio to cuBLAS, late trigger forced): the table's, wider K steps,
+             # wider N-tiles (row ranges, 64,16,64,8,8,1,1, spill 616 B with the epilogue compiled for sm_90: left out)
+             mkdir -p "$OUT/g"; GDN_TRT_CONV_IN_GEMM=1 timeout 150 python bench/gemm_step.py --n 64 --out "$OUT/g" \
+               --launches "64,64,64,4,4,1,0,1;64,64,128,4,4,1,0,1;64,128,64,4,8,1,0,1" \
+               >> "$OUT/bench.log" 2>&1; rm -f "$OUT/g"/*.json; cat "$OUT/g"/*.md | tail -6 ;;
     *) echo "unknown stage $s (tests kernels lora runtime gluon conv)"; exit 2 ;;
   esac
 done
