@@ -172,17 +172,21 @@ def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool
     4, dilation 1, silu. On CUDA a call the skinny GEMM can take (`_skinny`) runs it with the conv in its epilogue
     (gemm._conv_out): one launch instead of two, and the projection's conv columns are never read back."""
     M = x.shape[0] if x.dim() == 2 else -1
-    D = conv.weight.shape[0]
-    if w.dim() != 2 or x.dim() != 2 or x.shape[1] != w.shape[1] or not D <= w.shape[0]:
-        raise ValueError(f"x [M, K] and w [N, K] with N >= the conv's {D} channels, got {tuple(x.shape)} and "
-                         f"{tuple(w.shape)}")
-    if conv.width != 4 or conv.dilation != 1 or conv.activation != Activation.SILU:
-        raise ValueError(f"the fused conv is the GDN conv (width 4, dilation 1, silu), got width {conv.width}, "
+    cw = conv.weight
+    D = cw.shape[0] if cw.dim() == 2 else -1
+    if w.dim() != 2 or x.dim() != 2 or x.shape[1] != w.shape[1] or not 0 < D <= w.shape[0]:
+        raise ValueError(f"x [M, K] and w [N, K] with N >= the conv's channels, got {tuple(x.shape)}, "
+                         f"{tuple(w.shape)} and a conv weight {tuple(cw.shape)}")
+    if cw.shape[1] != 4 or conv.dilation != 1 or conv.activation != Activation.SILU:
+        raise ValueError(f"the fused conv is the GDN conv (width 4, dilation 1, silu), got width {cw.shape[1]}, "
                          f"dilation {conv.dilation}, activation {conv.activation}")
-    conv.check(x.new_empty(0, D), conv_pool)
+    if tuple(conv_pool.shape[1:]) != (3, D) or conv_pool.dim() != 3 or not conv_pool.is_contiguous() \
+            or not cw.is_contiguous():
+        raise ValueError(f"conv_pool must be a contiguous [S, 3, {D}] tensor and the conv weight contiguous, got "
+                         f"{tuple(conv_pool.shape)}")
+    check_same(x, w, cw, conv_pool)
     pack.check_shapes(M)
-    if pack.num_seqs != M:
-        raise ValueError(f"one token per sequence: {M} tokens but {pack.num_seqs} sequences")
-    if not conv_pool.is_contiguous() or not conv.weight.is_contiguous():
-        raise ValueError("conv_pool and the conv weight must be contiguous")
+    if pack.num_seqs != M or pack.slots.device != x.device:
+        raise ValueError(f"one token per sequence on x's device: {M} tokens on {x.device}, {pack.num_seqs} "
+                         f"sequences on {pack.slots.device}")
     return _impl(x).linear_conv(x, w, conv, pack, conv_pool)

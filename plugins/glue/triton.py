@@ -27,6 +27,7 @@ Operands may have any row stride; their last dim must be contiguous (the checks 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -354,5 +355,10 @@ def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool
         D = conv.weight.shape[0]
         y[:, :D] = conv_tri.update(y[:, :D], conv, pack, conv_pool)
         return y
-    cfg = replace(gemm.config_for(x.shape[0], w.shape[0]), late=True)
-    return gemm.launch(x, w, cfg, (conv.weight, conv_pool, pack.slots))
+    return gemm.launch(x, w, _late(gemm.config_for(x.shape[0], w.shape[0])), (conv.weight, conv_pool, pack.slots))
+
+
+@functools.lru_cache(maxsize=64)
+def _late(cfg: gemm.Config) -> gemm.Config:
+    """`cfg` with the late trigger (a dataclass `replace` per call would cost host time on eager decode steps)."""
+    return replace(cfg, late=True)
