@@ -61,6 +61,10 @@ _WIDE_SPREAD = [(16, 64, 4, 4, 1, 1), (16, 64, 4, 8, 1, 1), (16, 128, 3, 8, 1, 1
                 (16, 64, 4, 4, 1, 2), (16, 128, 4, 4, 1, 2), (16, 128, 4, 4, 1, 3)]
 _NARROW = [(16, 512, 3, 4, 1), (32, 256, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256, 3, 4, 4), (64, 64, 4, 4, 4),
            (128, 64, 4, 4, 8), (128, 128, 3, 8, 8)]
+# the same tilings with TMA tiles (gemm.Config.tma: BK <= 64 for bf16), first timed in the sweep that follows the
+# sitting which wrote them (no device then)
+_WIDE_TMA = [(64, 64, 4, 4, 1), (64, 64, 6, 4, 1), (128, 64, 4, 4, 1), (128, 64, 4, 8, 1), (32, 64, 8, 4, 1)]
+_NARROW_TMA = [(64, 64, 4, 4, 4), (64, 64, 6, 4, 4), (32, 64, 6, 4, 2), (128, 64, 4, 8, 8)]
 # the FMA form (BM = M <= 4): BN = 8 or 16 weight rows per program (out_proj: 256 or 128 N-tiles, no room to split)
 _FMA_WIDE = [(8, 1024, 1), (16, 512, 1)]
 _FMA_NARROW = [(8, 1024, 1), (8, 512, 1), (16, 512, 1)]
@@ -72,6 +76,8 @@ def candidates(m: int, shape: str) -> list:
     bm = max(16, 1 << (m - 1).bit_length())
     dots, fmas = (_WIDE, _FMA_WIDE) if ROW_N[shape] else (_NARROW, _FMA_NARROW)
     out = [C(bm, bn, bk, st, wp, split=sp) for bn, bk, st, wp, sp in dots]
+    out += [C(bm, bn, bk, st, wp, split=sp, tma=True) for bn, bk, st, wp, sp in
+            (_WIDE_TMA if ROW_N[shape] else _NARROW_TMA)]
     if ROW_N[shape]:
         out += [C(bm, bn, bk, st, wp, split=sp, spread=k) for bn, bk, st, wp, sp, k in _WIDE_SPREAD]
     if m <= 4:
@@ -83,7 +89,7 @@ def candidates(m: int, shape: str) -> list:
 def cfg_src(c: C) -> str:
     return (f"Config({c.bm}, {c.bn}, {c.bk}, {c.stages}, {c.warps}" + ("" if c.dot else ", dot=False")
             + (f", split={c.split}" if c.split > 1 else "") + (f", spread={c.spread}" if c.spread else "")
-            + (", late=True" if c.late else "") + ")")
+            + (", late=True" if c.late else "") + (", tma=True" if c.tma else "") + ")")
 
 
 COLUMNS = ["shape", "N", "K", "M", "cublas_us", "ours_us", "ours_over_cublas", "cublas_TBps", "ours_TBps",
@@ -123,7 +129,8 @@ def sweep(ops: dict[str, Operands], deadline: float, t0: float, buckets=M_BUCKET
             for cfg in candidates(M, s):
                 programs = gemm.tiles(cfg, M, o.N) * cfg.split
                 row = {"M": M, "shape": s, "config": str(cfg), "programs": programs,
-                       "cfg": [cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.warps, cfg.dot, cfg.split, cfg.spread]}
+                       "cfg": [cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.warps, cfg.dot, cfg.split, cfg.spread,
+                               cfg.late, cfg.tma]}
                 if time.perf_counter() - t0 > deadline:
                     rows.append({**row, "error": "deadline"})
                     continue

@@ -6,7 +6,7 @@
 decode of the previous layer (whose state write-back the L2 still drains) and precedes the conv update, launched
 with programmatic dependent launch, so a launch that loses alone may win there or the reverse (2026-12-04: our M = 64
 launch lost 0.9 us alone and about 5 us per layer in the step). Per launch (`cublas`, or a `gemm.Config` as
-"bm,bn,bk,stages,warps,split,spread[,late]"; a "/nopdl" suffix launches every skinny GEMM of the step without
+"bm,bn,bk,stages,warps,split,spread[,late[,tma]]"; a "/nopdl" suffix launches every skinny GEMM of the step without
 programmatic dependent launch) set as gemm.TABLE's wide row for the bucket of N, on a fresh session of
 `bench/runtime.py`'s `ours` stack: the wall per static decode step over back-to-back steps, then from a profile
 in_proj's mean interval, the step's device time (union) and a layer's kernels (`layer_means`); vs_cublas is the step
@@ -36,8 +36,9 @@ def with_launch(n: int, launch: str) -> tuple:
     if launch == "cublas":
         new = replace(row, vs_cublas=2.0)
     else:
-        bm, bn, bk, st, wp, sp, spread, *late = (int(v) for v in launch.split(","))
-        new = replace(row, cfg=gemm.Config(bm, bn, bk, st, wp, split=sp, spread=spread, late=bool(late and late[0])),
+        bm, bn, bk, st, wp, sp, spread, *flags = (int(v) for v in launch.split(","))
+        late, tma = (bool(f) for f in (*flags, 0, 0)[:2])
+        new = replace(row, cfg=gemm.Config(bm, bn, bk, st, wp, split=sp, spread=spread, late=late, tma=tma),
                       vs_cublas=0.5)
     return tuple(new if r is row else r for r in gemm.TABLE)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the GPU tests, then the benchmarks, each stage under its own time limit, logs under $OUT.
 #   run(command="source bench/gpu-prelude.sh; bash bench/gpu-all.sh [stages]", carry=[".whl"])
-# stages (default: tests kernels): tests kernels lora runtime gluon conv; KERNELS_ONLY passes --only to
+# stages (default: tests kernels): tests kernels lora runtime gluon conv gemm; KERNELS_ONLY passes --only to
 # bench/kernels.py, KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384 --name kernels-round2"),
 # KERNELS_LIMIT its limit (s).
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
@@ -65,10 +65,16 @@ for s in $stages; do
                echo "conv_in_gemm=$on round $r"; grep "^| static" "$OUT/c$on$r"/*.md; done; done
              # with it on, the fused launch at N = 64 in the step (gemm_step.py sets the table's in_proj row; the
              # fused path takes it whatever its ratio to cuBLAS, late trigger forced): the table's, wider K steps,
-             # wider N-tiles (row ranges, 64,16,64,8,8,1,1, spill 616 B with the epilogue compiled for sm_90: left out)
+             # wider N-tiles, the table's with TMA tiles (row ranges, 64,16,64,8,8,1,1, spill 616 B with the
+             # epilogue compiled for sm_90: left out)
              mkdir -p "$OUT/g"; GDN_TRT_CONV_IN_GEMM=1 timeout 150 python bench/gemm_step.py --n 64 --out "$OUT/g" \
-               --launches "64,64,64,4,4,1,0,1;64,64,128,4,4,1,0,1;64,128,64,4,8,1,0,1" \
+               --launches "64,64,64,4,4,1,0,1;64,64,128,4,4,1,0,1;64,128,64,4,8,1,0,1;64,64,64,4,4,1,0,1,1" \
                >> "$OUT/bench.log" 2>&1; rm -f "$OUT/g"/*.json; cat "$OUT/g"/*.md | tail -6 ;;
-    *) echo "unknown stage $s (tests kernels lora runtime gluon conv)"; exit 2 ;;
+    # the skinny GEMM's sweep at the M buckets of GEMM_M (default 1,8,64) with the TMA launches among the
+    # candidates (gemm.Config.tma), beside cuBLAS; the table is not rewritten (run --apply-from on its JSON after)
+    gemm)    mkdir -p "$OUT/gs"; timeout 280 python bench/gemm.py --sweep --m "${GEMM_M:-1,8,64}" --deadline 200 \
+               --out "$OUT/gs" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/gs"/*.png
+             grep "True\|cuBLAS" "$OUT/gs"/*sweep.md | tail -30 ;;
+    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm)"; exit 2 ;;
   esac
 done

@@ -85,6 +85,10 @@ if not INSIDE:
             gemm.Config(8, 16, 64, dot=False).check()
         with pytest.raises(ValueError, match="split"):
             gemm.Config(16, 16, 64, split=0).check()
+        with pytest.raises(ValueError, match="TMA"):
+            gemm.Config(16, 16, 128, tma=True).check()
+        with pytest.raises(ValueError, match="TMA"):
+            gemm.Config(4, 16, 64, dot=False, tma=True).check()
 
     def test_dispatch_follows_the_measured_ratios():
         """op.linear's choice per M and width is the table row's: ours exactly where its sweep time beat cuBLAS's."""
@@ -152,6 +156,27 @@ if not INSIDE:
         assert torch.equal(y[:, 48:], proj[:, 48:]) and torch.equal(y[:, :48], want)
         assert torch.equal(pool, want_pool)
 
+    @pytest.mark.parametrize("conv", [False, True], ids=["plain", "conv"])
+    def test_tma_launches_compile_for_sm90(conv):
+        """TMA launches (`Config.tma`) at Qwen3-Next's shapes compiled as the H200 would: the tiles arrive by bulk
+        tensor copies (cp.async.bulk.tensor in the PTX), no spills, shared memory within the limit; in_proj also
+        with the conv in its epilogue."""
+        from gdn_trt.plugins import triton_aot
+        from gdn_trt.plugins.glue import gemm
+
+        C = gemm.Config
+        cases = [((12352, 2048), C(64, 64, 64, 4, 4, tma=True)), ((12352, 2048), C(16, 128, 64, 4, 8, tma=True))]
+        if not conv:
+            cases.append(((2048, 4096), C(64, 64, 64, 6, 4, split=4, tma=True)))
+        for (N, K), cfg in cases:
+            x, w = torch.empty(cfg.bm, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16)
+            cv = (torch.empty(8192, 4, dtype=torch.bfloat16), torch.empty(9, 3, 8192, dtype=torch.bfloat16),
+                  torch.empty(cfg.bm, dtype=torch.int32)) if conv else None
+            (launch,) = triton_aot.record(gemm, lambda: gemm.launch(x, w, cfg, cv))
+            c = triton_aot.compile_launch(launch)
+            assert c.spill_stack == 0 and c.shared <= triton_aot.SMEM_LIMIT, f"{cfg}: {c.row()}"
+            assert "cp.async.bulk.tensor" in triton_aot.compile_kernel(launch).asm["ptx"], f"{cfg}: no TMA copy"
+
     # ---- GPU ----
     NEXT = {"in_proj": (12352, 2048), "out_proj": (2048, 4096)}  # Qwen3-Next [N, K]
 
@@ -189,6 +214,12 @@ if not INSIDE:
         return gemm.Config(bm, 16, 128, 4, 4, split=2, spread=2) if name == "out_proj" else \
             gemm.Config(bm, 16, 64, 4, 4, spread=1)
 
+    def _tma_cfg(name: str, M: int):
+        """TMA tiles for a real shape (in_proj: 193 N-tiles; out_proj: 32 N-tiles x 4 K-slices)."""
+        from gdn_trt.plugins.glue import gemm
+
+        return gemm.Config(_bm(M), 64, 64, 4, 4, split=4 if name == "out_proj" else 1, tma=True)
+
     def _counters_at_zero():
         from gdn_trt.plugins.glue import gemm
 
@@ -209,7 +240,7 @@ if not INSIDE:
         w = torch.randn(N, K, device="cuda").bfloat16() * 0.02
         for M in (1, 2, 3, 5, 8, 16, 17, 33, 64):
             x = torch.randn(M, K, device="cuda").bfloat16()
-            for cfg in (gemm.config_for(M, N), _split_cfg(name, M), _spread_cfg(name, M)):
+            for cfg in (gemm.config_for(M, N), _split_cfg(name, M), _spread_cfg(name, M), _tma_cfg(name, M)):
                 y = gemm.launch(x, w, cfg)
                 within_bound(x, w, y, 2.0**-8)
                 ref = x.double() @ w.double().T
@@ -417,7 +448,8 @@ else:
     # (uneven slices) and K too short for every slice (fewer slices than asked)
     CONFIGS = [C(1, 8, 64, dot=False), C(4, 8, 32, dot=False), C(16, 16, 64), C(32, 32, 32),
                C(1, 8, 64, dot=False, split=2), C(2, 8, 32, dot=False, split=4), C(16, 16, 32, split=3),
-               C(32, 16, 64, split=2), *(r.cfg for r in gemm.TABLE)]
+               C(32, 16, 64, split=2), C(16, 16, 32, tma=True), C(16, 16, 32, split=3, tma=True),
+               *(r.cfg for r in gemm.TABLE)]
 
     def _shapes(cfg):
         ms = sorted({1, 3, min(cfg.bm, 4) + (cfg.bm > 4) * 3, cfg.bm + 5})
@@ -465,7 +497,7 @@ else:
         assert all(int(cnt.abs().sum()) == 0 for _, cnt in gemm._WORK.values())
 
     @pytest.mark.parametrize("cfg", [C(16, 16, 32, spread=1), C(16, 16, 32, split=3, spread=1),
-                                     C(32, 16, 64, spread=2)], ids=str)
+                                     C(32, 16, 64, spread=2), C(32, 16, 32, spread=1, tma=True)], ids=str)
     def test_spread_row_ranges_against_float64(cfg, monkeypatch):
         """Row ranges instead of N-tiles, with the SM count cut to 5 so that the ranges are uneven (40 / 50 / 70
         rows over 5 or 10 programs: 4-14 rows each, the rest of the BN-row block masked), outputs poisoned."""
@@ -480,7 +512,7 @@ else:
                 within_bound(x, w, gemm.launch(x, w, cfg), U_ACC)
 
     @pytest.mark.parametrize("cfg", [C(16, 16, 32), C(1, 8, 64, dot=False), C(16, 16, 32, split=3),
-                                     C(32, 16, 64, spread=1)], ids=str)
+                                     C(32, 16, 64, spread=1), C(16, 16, 32, tma=True)], ids=str)
     def test_conv_epilogue_against_float64(cfg, monkeypatch):
         """The conv update in the epilogue (fp32): the conv's channels (40: not a multiple of BN, so one tile holds
         both kinds) against the float64 reference, every fourth token padding (conv columns 0, no pool row
@@ -504,9 +536,15 @@ else:
         assert all(not y[m, :40].any() for m, s in enumerate(live) if s < 0)
 
     def test_row_strided_input_and_empty_shapes():
+        """A misaligned row-strided x (TMA launches fall back to pointer loads: no descriptor for it), and empty
+        shapes; TMA launches on a 16-byte aligned row-strided x take descriptors and agree too."""
         big = torch.randn(3, 300)
         x, w = big[:, 17:145], torch.randn(40, 128)
-        for cfg in (C(16, 16, 64), C(16, 16, 32, split=2)):
+        assert not gemm._tma_ok(x) and gemm._tma_ok(big[:, 16:144]) and gemm._tma_ok(w)
+        within_bound(big[:, 16:144], w, gemm.launch(big[:, 16:144], w, C(16, 16, 32, tma=True)), U_ACC)
+        with pytest.raises(ValueError, match="128 bytes"):
+            gemm.launch(big[:, 16:144], w, C(16, 16, 64, tma=True))  # 64 fp32 columns: 256 bytes
+        for cfg in (C(16, 16, 64), C(16, 16, 32, split=2), C(16, 16, 32, tma=True)):
             within_bound(x, w, gemm.launch(x, w, cfg), U_ACC)
             assert gemm.launch(torch.randn(0, 128), w, cfg).shape == (0, 40)
             assert torch.equal(gemm.launch(torch.randn(2, 0), torch.randn(40, 0), cfg), torch.zeros(2, 40))

@@ -26,7 +26,8 @@ be ordered on one stream, as a session's are (it steps on its device's current s
 runtime/guard.py, and replays its graphs in order); two streams running the same geometry at once would mix their
 tickets.
 Weight rows past N are wrapped (`% N`) instead of masked, so every weight load is unmasked and vectorised (only the
-store is masked); token rows past M are masked, so they read nothing. `TABLE` holds the launch per M bucket and
+store is masked); token rows past M are masked, so they read nothing. With `Config.tma` the tiles come through TMA
+descriptors instead (rows and columns past the tensor read as zeros). `TABLE` holds the launch per M bucket and
 width class and its time against cuBLAS's, written by `bench/gemm.py --sweep --apply` on the H200; `op.linear` sends
 a call here only where that launch beat cuBLAS (`dispatched`), in bf16 and fp16 (fp32 operands take IEEE dots: the
 interpreter tests).
@@ -40,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import pdl
 
@@ -69,6 +71,11 @@ class Config:
     # against 173.6). On out_proj it lost: the next layer's norm, which the early trigger overlaps with the GEMM,
     # waits (N = 64: 449.3 against 445.3 us a step). At N = 1 it changed nothing (117.4 against 117.2, both GEMMs).
     late: bool = False
+    # the weight and x tiles through TMA descriptors (`TensorDescriptor`: one bulk copy per tile, rows and columns
+    # past the tensor read as zeros) instead of per-thread pointer loads; BK x the element size at most 128 bytes
+    # (one swizzle span). Written in a sitting without a device (interpreter tests, sm_90 compile): no row of the
+    # table takes it until `bench/gemm.py --sweep` has timed it
+    tma: bool = False
 
     def check(self) -> None:
         if self.dot and (self.bm < 16 or self.bn < 16 or self.bk < 16):
@@ -79,6 +86,8 @@ class Config:
             raise ValueError(f"split must be 1..64 K-slices, got {self}")
         if self.spread < 0 or (self.spread and not self.dot):
             raise ValueError(f"spread must be >= 0 programs per SM, and only for tl.dot tiles, got {self}")
+        if self.tma and (not self.dot or self.bk > 64):
+            raise ValueError(f"TMA tiles are for tl.dot tiles with BK <= 64 (128 bytes of bf16), got {self}")
 
 
 @dataclass(frozen=True)
@@ -195,6 +204,7 @@ def gemm_kernel(
     IEEE: tl.constexpr, SPLIT: tl.constexpr, SPREAD: tl.constexpr = False, PDL: tl.constexpr = False,
     LATE: tl.constexpr = False,
     cw=None, pool=None, slots=None, CONV_D: tl.constexpr = 0,  # the conv epilogue (`_conv_out`), CONV_D > 0
+    w_desc=None, x_desc=None, TMA: tl.constexpr = False,  # TMA: the tiles through these descriptors (Config.tma)
 ):
     """Program (i_n, i_m, i_s): y[i_m*BM : +BM, i_n*BN : +BN] over K[i_s*k_slice : +k_slice] (k_slice: BK steps);
     SPLIT: the K-slices (the grid's third extent; 1: none); SPREAD: rows [i_n N / P, (i_n + 1) N / P) of the P =
@@ -226,7 +236,20 @@ def gemm_kernel(
         pdl.wait(PDL)
     else:
         pdl.enter(PDL)
-    if DOT:
+    if DOT and TMA:  # rows past N (or past a range: masked at the store), tokens past M, K past K: zeros
+        if SPREAD:
+            n_0 = n_lo
+        else:
+            n_0 = i_n * BN
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            b_w = w_desc.load([n_0, k0])
+            b_x = tl.trans(x_desc.load([i_m * BM, k0]))
+            if IEEE:
+                acc = tl.dot(b_w, b_x, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(b_w, b_x, acc)
+    elif DOT:
         p_w = w + r_n[:, None] * K + o_k[None, :]  # [BN, BK]
         p_x = x + o_m[None, :].to(tl.int64) * s_x + o_k[:, None]  # [BK, BM]
         acc = tl.zeros([BN, BM], dtype=tl.float32)
@@ -348,13 +371,25 @@ def launch(x: Tensor, w: Tensor, cfg: Config, conv: tuple[Tensor, Tensor, Tensor
     ws = cnt = y
     if split > 1:
         ws, cnt = _workspace(x.device, grid[0] * grid[1], split, bn * bm)
+    tma = {}
+    if cfg.tma and _tma_ok(x) and _tma_ok(w):  # else the pointer loads (a misaligned view): the same results
+        if cfg.bk * x.element_size() > 128:
+            raise ValueError(f"TMA tiles of {cfg.bk} {x.dtype} columns exceed 128 bytes: {cfg}")
+        tma = dict(w_desc=TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, cfg.bk]),
+                   x_desc=TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, cfg.bk]), TMA=True)
     gemm_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), k_slice, BM=bm, BN=bn, BK=cfg.bk,
                       EVEN_K=K % cfg.bk == 0, DOT=cfg.dot, IEEE=x.dtype == torch.float32, SPLIT=split,
                       SPREAD=cfg.spread > 0, LATE=cfg.late, num_warps=cfg.warps, num_stages=cfg.stages,
                       **({} if conv is None else dict(cw=conv[0], pool=conv[1], slots=conv[2],
                                                       CONV_D=conv[0].shape[0])),
-                      **pdl.options(x.device))
+                      **tma, **pdl.options(x.device))
     return y
+
+
+def _tma_ok(t: Tensor) -> bool:
+    """A TMA descriptor's rules for a 2D operand: 16-byte aligned base and row stride, unit column stride."""
+    e = t.element_size()
+    return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * e) % 16 == 0
 
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
