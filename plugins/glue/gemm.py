@@ -371,10 +371,10 @@ def launch(x: Tensor, w: Tensor, cfg: Config, conv: tuple[Tensor, Tensor, Tensor
     ws = cnt = y
     if split > 1:
         ws, cnt = _workspace(x.device, grid[0] * grid[1], split, bn * bm)
+    if cfg.tma and cfg.bk * x.element_size() > 128:
+        raise ValueError(f"TMA tiles of {cfg.bk} {x.dtype} columns exceed 128 bytes: {cfg}")
     tma = {}
     if cfg.tma and _tma_ok(x) and _tma_ok(w):  # else the pointer loads (a misaligned view): the same results
-        if cfg.bk * x.element_size() > 128:
-            raise ValueError(f"TMA tiles of {cfg.bk} {x.dtype} columns exceed 128 bytes: {cfg}")
         tma = dict(w_desc=TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, cfg.bk]),
                    x_desc=TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, cfg.bk]), TMA=True)
     gemm_kernel[grid](x, w, y, ws, cnt, M, N, K, x.stride(0), k_slice, BM=bm, BN=bn, BK=cfg.bk,
