@@ -10,8 +10,8 @@ allocated once and its counters are back at zero after every call. GPU (marked g
 against float64 and against cuBLAS, repeated split-K calls bit for bit (the arrival order of the slices varies),
 graph replay equal to eager bit for bit, a first split-K launch under capture refused, the dispatch boundaries, and
 a real-shape layer whose decode graph runs the kernel.
-The conv in the epilogue (`glue.linear_conv`): bad calls refused with the pool untouched and the reference against
-its definition (CPU); every kernel form against float64 with padding rows and pool rows outside the step checked
+The conv in the epilogue (`glue.linear_conv`): bad calls refused with the pool untouched, the reference against
+its definition, and the layer's choice of it per mode and LoRA, bit for bit against the unfused path (CPU); every kernel form against float64 with padding rows and pool rows outside the step checked
 (interpreter); on the GPU the real in_proj against the GEMM followed by the conv kernel bit for bit, against float64
 and under graph replay, and the real layers' decode with it on and off bit for bit.
 """
@@ -155,6 +155,34 @@ if not INSIDE:
         y = glue.linear_conv(x, w, conv, pack, pool)
         assert torch.equal(y[:, 48:], proj[:, 48:]) and torch.equal(y[:, :48], want)
         assert torch.equal(pool, want_pool)
+
+    def test_layer_takes_the_fused_conv_in_decode_modes_only(monkeypatch):
+        """The layer's choice (`_Io.conv_in_gemm`), with the kernel's own test (`glue.conv_in_gemm`) forced true on
+        the CPU so that `glue.linear_conv` runs its float64 reference: taken in the two one-token decode modes and
+        there equal bit for bit to the projection and the conv op (output and every buffer), not taken in the other
+        modes nor with LoRA updates on in_proj (then the LoRA update must apply to the projection)."""
+        from gdn_trt.model.lora import Proj
+        from gdn_trt.model.modes import LayerMode, Writes
+
+        from .glue_support import make_layer, run_step
+
+        layer = make_layer("tiny-next", 0, torch.float64)
+        assert layer._by_proj[Proj.IN_PROJ], "the preset's layer has no LoRA site on in_proj"
+        calls = []
+        fused = glue.linear_conv
+        monkeypatch.setattr(glue, "linear_conv", lambda *a: calls.append(1) or fused(*a))
+        for mode in LayerMode:
+            for lora in (False, True):
+                monkeypatch.setattr(glue, "conv_in_gemm", lambda x, w: False)
+                want = run_step(layer, mode, True, lora=lora)
+                monkeypatch.setattr(glue, "conv_in_gemm", lambda x, w: True)
+                calls.clear()
+                got = run_step(layer, mode, True, lora=lora)
+                taken = mode.spec.one_token_per_sequence and mode.spec.writes is Writes.POOLS and not lora
+                assert bool(calls) == taken, (mode.value, lora)
+                assert torch.equal(want.x, got.x) and want.buffers.keys() == got.buffers.keys(), (mode.value, lora)
+                for k in want.buffers:
+                    assert torch.equal(want.buffers[k], got.buffers[k]), (mode.value, lora, k)
 
     @pytest.mark.parametrize("conv", [False, True], ids=["plain", "conv"])
     def test_tma_launches_compile_for_sm90(conv):
