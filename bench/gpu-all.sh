@@ -65,7 +65,7 @@ for s in $stages; do
                echo "conv_in_gemm=$on round $r"; grep "^| static" "$OUT/c$on$r"/*.md; done; done
              # with it on, the fused launch at N = 64 in the step (gemm_step.py sets the table's in_proj row; the
              # fused path takes it whatever its ratio to cuBLAS, late trigger forced): the table's, wider K steps,
-             # wider N-tiles, the table's with TMA tiles (row ranges, 64,16,64,8,8,1,1, spill 616 B with the
+             # wider N-tiles, the table's with TMA tiles (row ranges, 64,16,64,8,8,1,1, spill 120 B with the
              # epilogue compiled for sm_90: left out)
              mkdir -p "$OUT/g"; GDN_TRT_CONV_IN_GEMM=1 timeout 150 python bench/gemm_step.py --n 64 --out "$OUT/g" \
                --launches "64,64,64,4,4,1,0,1;64,64,128,4,4,1,0,1;64,128,64,4,8,1,0,1;64,64,64,4,4,1,0,1,1" \

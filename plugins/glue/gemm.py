@@ -203,13 +203,13 @@ def gemm_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, SPLIT: tl.constexpr, SPREAD: tl.constexpr = False, PDL: tl.constexpr = False,
     LATE: tl.constexpr = False,
-    cw=None, pool=None, slots=None, CONV_D: tl.constexpr = 0,  # the conv epilogue (`_conv_out`), CONV_D > 0
+    cw=None, pool=None, slots=None, CONV_D: tl.constexpr = 0,  # the conv epilogue (`_conv_store`), CONV_D > 0
     w_desc=None, x_desc=None, TMA: tl.constexpr = False,  # TMA: the tiles through these descriptors (Config.tma)
 ):
     """Program (i_n, i_m, i_s): y[i_m*BM : +BM, i_n*BN : +BN] over K[i_s*k_slice : +k_slice] (k_slice: BK steps);
     SPLIT: the K-slices (the grid's third extent; 1: none); SPREAD: rows [i_n N / P, (i_n + 1) N / P) of the P =
     programs along N instead of i_n*BN : +BN; CONV_D > 0: output columns below CONV_D go through the one-token conv
-    update (`_conv_out`) before they are stored."""
+    update (`_conv_store`) before they are stored."""
     dt = y.dtype.element_ty
     i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if SPLIT > 1:
@@ -309,28 +309,32 @@ def gemm_kernel(
             for s in tl.static_range(SPLIT):
                 acc += tl.load(p_ws + s * (BN * BM), cache_modifier=".cg")
             if CONV_D > 0:
-                acc = _conv_out(acc, dt, o_n, o_m, m_n, m_m, cw, pool, slots, CONV_D)
-            tl.store(p_y, acc.to(dt), mask=m_y)
+                _conv_store(acc, p_y, m_y, o_n, o_m, m_n, m_m, cw, pool, slots, CONV_D)
+            else:
+                tl.store(p_y, acc.to(dt), mask=m_y)
             tl.atomic_xchg(cnt + tile, 0, sem="relaxed", scope="gpu")
+    elif CONV_D > 0:
+        _conv_store(acc, p_y, m_y, o_n, o_m, m_n, m_m, cw, pool, slots, CONV_D)
     else:
-        if CONV_D > 0:
-            acc = _conv_out(acc, dt, o_n, o_m, m_n, m_m, cw, pool, slots, CONV_D)
         tl.store(p_y, acc.to(dt), mask=m_y)
 
 
 @triton.jit
-def _conv_out(acc, dt, o_n, o_m, m_n, m_m, cw, pool, slots, D: tl.constexpr):
-    """The projection tile acc [BN channels, BM tokens] (fp32) with its channels below D replaced by the one-token
-    causal conv update of width 4 (the GDN conv: `causal_conv1d.triton.conv_update_kernel`'s one-token branch, the
-    same operations in the same order): token m is sequence m, whose window is pool[slots[m]] [3, D] (oldest row
-    first); y = silu(w[:, 3] x + sum_j w[:, j] h_j) with x the projection rounded to the activation dtype, as the
-    unfused path stores it before the conv reads it; the window after the token, [h_1, h_2, x], is written back.
-    Rows of slot -1 (padding) get y = 0 and touch no pool row. Each (slot, channel) belongs to one program (one
-    token per sequence, distinct slots, no split of the epilogue), so no other program reads what this one writes.
-    Compiled for sm_90 (CPU, 2026-12-04), in_proj's M = 64 launch takes 246 registers with it against 64 without,
-    no spills: 2 programs an SM by registers, for its 193 programs on 132 SMs (one wave either way)."""
-    b_x = acc.to(dt).to(tl.float32)
+def _conv_store(acc, p_y, m_y, o_n, o_m, m_n, m_m, cw, pool, slots, D: tl.constexpr):
+    """Stores the projection tile acc [BN channels, BM tokens] (fp32) as y[o_m, o_n], its channels below D replaced
+    by the one-token causal conv update of width 4 (the GDN conv: `causal_conv1d.triton.conv_update_kernel`'s
+    one-token branch, the same operations in the same order): token m is sequence m, whose window is pool[slots[m]]
+    [3, D] (oldest row first); y = silu(w[:, 3] x + sum_j w[:, j] h_j) with x the projection rounded to the
+    activation dtype, as the unfused path stores it before the conv reads it; the window after the token,
+    [h_1, h_2, x], is written back. Rows of slot -1 (padding) get y = 0 and touch no pool row. Each (slot, channel)
+    belongs to one program (one token per sequence, distinct slots, no split of the epilogue), so no other program
+    reads what this one writes. The other channels are stored first, so that acc is dead before the conv: compiled
+    for sm_90 (CPU, 2026-12-04), in_proj's M = 64 launch takes 131 registers with it against 64 without (246 when the
+    conv's result was merged into acc by a select), no spills."""
+    dt = p_y.dtype.element_ty
+    b_x = acc.to(dt)
     m_c = m_n & (o_n < D)
+    tl.store(p_y, b_x, mask=m_y & (o_n >= D)[:, None])
     slot = tl.load(slots + o_m, mask=m_m, other=-1).to(tl.int64)
     live = m_c[:, None] & (slot >= 0)[None, :]
     row = pool + slot[None, :] * (3 * D) + o_n[:, None]  # history row 0 of each (channel, token)
@@ -338,7 +342,7 @@ def _conv_out(acc, dt, o_n, o_m, m_n, m_m, cw, pool, slots, D: tl.constexpr):
     h_0 = tl.load(row, mask=live, other=0.0)
     h_1 = tl.load(row + D, mask=live, other=0.0)
     h_2 = tl.load(row + 2 * D, mask=live, other=0.0)
-    b_y = tl.load(w_at + 3, mask=m_c, other=0.0).to(tl.float32)[:, None] * b_x
+    b_y = tl.load(w_at + 3, mask=m_c, other=0.0).to(tl.float32)[:, None] * b_x.to(tl.float32)
     b_y += tl.load(w_at, mask=m_c, other=0.0).to(tl.float32)[:, None] * h_0.to(tl.float32)
     b_y += tl.load(w_at + 1, mask=m_c, other=0.0).to(tl.float32)[:, None] * h_1.to(tl.float32)
     b_y += tl.load(w_at + 2, mask=m_c, other=0.0).to(tl.float32)[:, None] * h_2.to(tl.float32)
@@ -347,13 +351,12 @@ def _conv_out(acc, dt, o_n, o_m, m_n, m_m, cw, pool, slots, D: tl.constexpr):
     tl.store(row, h_1, mask=live)
     tl.store(row + D, h_2, mask=live)
     tl.store(row + 2 * D, b_x.to(pool.dtype.element_ty), mask=live)
-    return tl.where((o_n < D)[:, None], tl.where((slot >= 0)[None, :], b_y, 0.0), acc)
-
+    tl.store(p_y, tl.where((slot >= 0)[None, :], b_y, 0.0).to(dt), mask=m_y & (o_n < D)[:, None])
 
 def launch(x: Tensor, w: Tensor, cfg: Config, conv: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
     """x [M, K] (unit stride along K), w [N, K] contiguous -> y [M, N] in x's dtype, with launch `cfg`.
     conv = (weight [D, 4], pool [S, 3, D], slots int32 [M]), all contiguous, D <= N: the columns below D leave
-    through the one-token conv update of `_conv_out` (token m is sequence m), which writes the window after the
+    through the one-token conv update of `_conv_store` (token m is sequence m), which writes the window after the
     token to pool[slots[m]]; the caller checks them (`op.linear_conv`)."""
     cfg.check()
     M, K = x.shape

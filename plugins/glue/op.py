@@ -170,7 +170,7 @@ def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool
     For the modes with one token per sequence (`ModeSpec.one_token_per_sequence`): token m is sequence m, so
     pack.cu_seqlens must be 0..M (not read: the caller's mode guarantees it). The conv must be the GDN conv: width
     4, dilation 1, silu. On CUDA a call the skinny GEMM can take (`_skinny`) runs it with the conv in its epilogue
-    (gemm._conv_out): one launch instead of two, and the projection's conv columns are never read back."""
+    (gemm._conv_store): one launch instead of two, and the projection's conv columns are never read back."""
     M = x.shape[0] if x.dim() == 2 else -1
     cw = conv.weight
     D = cw.shape[0] if cw.dim() == 2 else -1
