@@ -403,11 +403,11 @@ if not INSIDE:
         # 4 u32 times its magnitudes, fp32 sigmoid (ex2.approx) by 2^-20 of them, and y is rounded to bf16 once
         xd, wd, cw = x.double(), w[:8192].double(), conv.weight.double()
         p = xd @ wd.T
-        e_p = 2.0**-8 * p.abs() + (K + 1) * U_ACC * (xd.abs() @ wd.abs().T)
+        e_p = 2.0**-8 * p.abs() + (1 + 2.0**-8) * (K + 1) * U_ACC * (xd.abs() @ wd.abs().T)
         h = before.double()[pack.slots.long().clamp_min(0)]  # [M, 3, D]: each token's window before the step
         taps = cw[:, 3].abs() * p.abs() + (cw[:, :3].T.abs()[None] * h.abs()).sum(1)
-        bound = 1.1 * (cw[:, 3].abs() * e_p + (4 * U_ACC + 2.0**-20) * taps) + 2.0**-8 * ref[:, :8192].abs() \
-            + 1e-30
+        bound = (1 + 2.0**-8) * (1.1 * (cw[:, 3].abs() * e_p + 4 * U_ACC * taps) + 2.0**-20 * taps) \
+            + 2.0**-8 * ref[:, :8192].abs() + 1e-30
         err = (y[:, :8192].double() - ref[:, :8192]).abs()
         assert (err <= bound).all(), f"conv columns err {(err / bound).max().item():.2f}x the bound"
         live = pack.slots.tolist()
