@@ -89,7 +89,7 @@ def test_variant_tunings_fit_sm90(change):
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
 def test_gluon_state_pass_compiles_for_sm90(dt):
     """The Gluon state pass (`gluon_state`, which the JIT launches on sm_90 only) compiles for sm_90 at Qwen3-Next's
-    heads within one block's shared memory and without spills, its TMA descriptors typed as `launch` builds them."""
+    heads within one block's shared memory and without spills, its TMA descriptors typed as `launcher` builds them."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource

@@ -245,9 +245,10 @@ def _layout(block: list[int]):
     return gl.NVMMASharedLayout(swizzle, 16, rank=2)
 
 
-def launch(k, rk, w, u, gam, h, v_new, pool, cap, seq, bv: int, c_lo: int, c_hi: int) -> None:
-    """One window of the state pass over gdn_chunk_state_kernel's buffers (seq: cu_seqlens, slots, capture_at, N;
-    k the raw strided [T, H, K] view, `usable`)."""
+def launcher(k, rk, w, u, gam, h, v_new, pool, cap, seq, bv: int):
+    """The state pass over gdn_chunk_state_kernel's buffers (seq: cu_seqlens, slots, capture_at, N; k the raw
+    strided [T, H, K] view, `usable`) as a function of its window (c_lo, c_hi) of global chunks: the TMA
+    descriptors are built once here, for every window of the prefill's pipeline."""
     cu_seqlens, slots, capture_at, N = seq
     T, H, K = k.shape
     HV, V = u.shape[1:]
@@ -255,11 +256,13 @@ def launch(k, rk, w, u, gam, h, v_new, pool, cap, seq, bv: int, c_lo: int, c_hi:
     def desc(t: torch.Tensor, shape: list[int], stride: list[int], block: list[int]):
         return TensorDescriptor(t, shape, stride, block, _layout(block))
 
-    w_d = desc(w, [T, HV * K], [HV * K, 1], [BT, K])
-    k_d = desc(k, [T, H * K], [k.stride(0), 1], [BT, K])
-    u_d = desc(u, [T, HV * V], [HV * V, 1], [BT, bv])
-    h_d = desc(h, [h.shape[0] * HV * K, V], [V, 1], [K, bv])
-    vn_d = desc(v_new, [T, HV * V], [HV * V, 1], [BT, bv])
-    gdn_chunk_state_gluon_kernel[(V // bv, HV, N)](
-        w_d, k_d, u_d, h_d, vn_d, rk, gam, v_new, pool, cap, cu_seqlens, slots, capture_at, H=H, HV=HV, K=K, V=V,
-        BV=bv, BT=BT, STAGES=STAGES, c_lo=c_lo, c_hi=c_hi, num_warps=4)
+    descs = (desc(w, [T, HV * K], [HV * K, 1], [BT, K]), desc(k, [T, H * K], [k.stride(0), 1], [BT, K]),
+             desc(u, [T, HV * V], [HV * V, 1], [BT, bv]), desc(h, [h.shape[0] * HV * K, V], [V, 1], [K, bv]),
+             desc(v_new, [T, HV * V], [HV * V, 1], [BT, bv]))
+
+    def launch(c_lo: int, c_hi: int) -> None:
+        gdn_chunk_state_gluon_kernel[(V // bv, HV, N)](
+            *descs, rk, gam, v_new, pool, cap, cu_seqlens, slots, capture_at, H=H, HV=HV, K=K, V=V, BV=bv, BT=BT,
+            STAGES=STAGES, c_lo=c_lo, c_hi=c_hi, num_warps=4)
+
+    return launch

@@ -508,11 +508,13 @@ def launch_chunked(x: GdnInputs, pack: Packing, ssm_pool: Tensor, capture: Captu
                 BK=_v_tile(64, K) if loop else BK, BV=_v_tile(64, V), LOOP=loop, c0=lo, num_warps=tuning.wu_warps,
                 num_stages=max(tuning.wu_stages, 1), **meta)
 
-    gluon = tuning.state_gluon and T > 0 and not st.kb and not st.wy and gluon_state.usable(q, k, K, V, st.bv)
+    gluon = None  # the Gluon state pass, where it takes the launch: its descriptors built once for every window
+    if tuning.state_gluon and T > 0 and not st.kb and not st.wy and gluon_state.usable(q, k, K, V, st.bv):
+        gluon = gluon_state.launcher(k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, seq, st.bv)
 
     def state(lo: int, hi: int) -> None:
-        if gluon:
-            gluon_state.launch(k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, seq, st.bv, lo, hi)
+        if gluon is not None:
+            gluon(lo, hi)
             return
         gdn_chunk_state_kernel[(triton.cdiv(V, st.bv), HV, N)](
             k, rk, w, u, gam, h, v_new, ssm_pool, capture.buf, *seq, *k.stride()[:2], V=V, BK=BK, BV=st.bv,

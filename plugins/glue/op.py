@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import library
+from ..causal_conv1d import op as conv_op
 from ..causal_conv1d.io import ConvParams
 from ..packing import Packing
 from ..spec import Activation
@@ -170,7 +171,8 @@ def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool
     For the modes with one token per sequence (`ModeSpec.one_token_per_sequence`): token m is sequence m, so
     pack.cu_seqlens must be 0..M (not read: the caller's mode guarantees it). The conv must be the GDN conv: width
     4, dilation 1, silu. On CUDA a call the skinny GEMM can take (`_skinny`) runs it with the conv in its epilogue
-    (gemm._conv_store): one launch instead of two, and the projection's conv columns are never read back."""
+    (gemm._conv_store): one launch instead of two, and the projection's conv columns are never read back; any other
+    CUDA call runs `linear` and the conv op."""
     M = x.shape[0] if x.dim() == 2 else -1
     cw = conv.weight
     D = cw.shape[0] if cw.dim() == 2 else -1
@@ -189,4 +191,8 @@ def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool
     if pack.num_seqs != M or pack.slots.device != x.device:
         raise ValueError(f"one token per sequence on x's device: {M} tokens on {x.device}, {pack.num_seqs} "
                          f"sequences on {pack.slots.device}")
+    if x.is_cuda and not _skinny(x, w):  # the two ops the unfused layer runs
+        y = linear(x, w)
+        y[:, :D] = conv_op.update(y[:, :D], conv, pack, conv_pool)[0]
+        return y
     return _impl(x).linear_conv(x, w, conv, pack, conv_pool)

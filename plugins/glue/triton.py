@@ -38,7 +38,6 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import pdl
-from ..causal_conv1d import triton as conv_tri
 from ..causal_conv1d.io import ConvParams
 from ..packing import Packing
 from . import gemm  # noqa: F401 (op.linear asks gemm.dispatched)
@@ -343,18 +342,11 @@ def ple_gate(key: Tensor, value: Tensor, streams: Tensor, norms: PleNorms) -> tu
 
 
 def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor) -> Tensor:
-    """`naive.linear_conv` in one launch of the skinny GEMM with the conv update in its epilogue, where the GEMM can
-    take the call (`op._skinny`; at every M of the table, also where cuBLAS alone would be faster: the fusion saves
-    the conv's launch and its read of the projection); else the projection (`op.linear`) and the conv kernel.
-    The launch triggers its dependent late (`gemm.Config.late`): the next kernel is the GDN decode, whose programs
-    would otherwise wait on the SMs through the GEMM, as the conv's did (gemm.Config.late)."""
-    from . import op
-
-    if not op._skinny(x, w):
-        y = op.linear(x, w)
-        D = conv.weight.shape[0]
-        y[:, :D] = conv_tri.update(y[:, :D], conv, pack, conv_pool)
-        return y
+    """`naive.linear_conv` in one launch of the skinny GEMM with the conv update in its epilogue (a call the GEMM
+    can take, `op._skinny`; at every M of the table, also where cuBLAS alone would be faster: the fusion saves the
+    conv's launch and its read of the projection). The launch triggers its dependent late (`gemm.Config.late`): the
+    next kernel is the GDN decode, whose programs would otherwise wait on the SMs through the GEMM, as the conv's
+    did."""
     return gemm.launch(x, w, _late(gemm.config_for(x.shape[0], w.shape[0])), (conv.weight, conv_pool, pack.slots))
 
 
