@@ -61,6 +61,7 @@ from host_cpu import static_reference
 
 from gdn_trt.model.config import PRESETS, GdnConfig
 from gdn_trt.plugins.glue import triton as glue_tri
+from gdn_trt.runtime import graphs
 from gdn_trt.runtime.budget import RuntimeLimits, slot_bytes, weight_bytes
 from gdn_trt.runtime.session import Session, SessionOptions
 
@@ -548,7 +549,8 @@ def main() -> None:
     cfgs = configs(args.smoke)
     meta.update({"activations": "bfloat16", "state": "float32", "steps": args.steps,
                  "configs": {k: c.name for k, c in cfgs.items()},
-                 "conv_in_gemm": glue_tri.TUNING.conv_in_gemm})  # GDN_TRT_CONV_IN_GEMM: the A/B of gpu-all.sh conv
+                 "conv_in_gemm": glue_tri.TUNING.conv_in_gemm,  # GDN_TRT_CONV_IN_GEMM: the A/B of gpu-all.sh conv
+                 "graph_io": graphs.IO})  # GDN_TRT_GRAPH_IO: the A/B of gpu-all.sh io
     # before any stack is built or profiled: the host's own speed, the term that moves every enqueue figure
     host_ref = tuple(round(v, 2) for v in static_reference())
     meta.update(host_ref_us=host_ref[0], host_ref_cpu_us=host_ref[1])

@@ -8,8 +8,10 @@ PLE rows at the start of each prestage's fixed buffer, padding rows zero, staged
 bucket sequences copies its x into rows 0..N-1 (a host that wrote its x there itself, `input_rows`, saves the copy);
 the ops skip the padding slots (padding never writes a pool row). The last captured segment also holds the final
 residual add, so a replay is one launch and its output one fixed buffer, copied out unless the caller takes the view
-(`run(..., copy=False)`). The adapter slot weights are read in place, so adapters uploaded between replays are what
-the next replay uses. The stack is cut into segments of consecutive layers: a segment whose layers have no capture
+(`run(..., copy=False)`). With `IO` on, a fully captured entry's graph does both itself: it begins and ends with
+`graph_io`'s kernels, which read x from and write the output to the addresses `run` sends as the index buffer's io
+words, and zero the padding rows (so `run` launches the replay alone). The adapter slot weights are read in
+place, so adapters uploaded between replays are what the next replay uses. The stack is cut into segments of consecutive layers: a segment whose layers have no capture
 veto is captured once (after a warm-up, with every slot -1, so neither warm-up nor capture writes state; the step's
 slots are put back afterwards) and replayed; a vetoed segment runs eagerly on the same padded buffers.
 
@@ -25,6 +27,7 @@ log says why (a bucket that silently computes garbage is the failure this preven
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -33,13 +36,20 @@ from torch import Tensor
 from gdn_trt.model.modes import LayerMode
 from gdn_trt.plugins.packing import Packing
 
+from . import graph_io
 from .engine import Engine
+from .pack import PackBuffers
 from .ple.feeds import PleFeeds
 from .select import Group, Selector
 from .stack import Packed, Stack, StepContext
 from .stats import GraphStats
 
 log = logging.getLogger("gdn_trt.runtime")
+
+# `graph_io`'s kernels at the ends of a fully captured decode graph (x in and the output out by address, no torch
+# copies on the host). Off until measured on the H200 (written in a sitting without a GPU: the GPU tests of
+# tests/test_graphs.py and tests/test_step_context.py run with it on and off); GDN_TRT_GRAPH_IO=1 turns it on.
+IO = os.environ.get("GDN_TRT_GRAPH_IO", "0") == "1"
 
 
 @dataclass
@@ -72,6 +82,7 @@ class _Entry:
     segments: list[_Segment] = field(default_factory=list)
     gated: bool = False
     out_rows: dict[int, Tensor] = field(default_factory=dict)  # n -> rows of the last segment's fixed output
+    io: bool = False  # one captured segment with graph_io's kernels at its ends
 
     @property
     def x(self) -> Tensor:
@@ -81,8 +92,10 @@ class _Entry:
 class GraphCache:
     """Captured decode steps of one session's stack."""
 
-    def __init__(self, stack: Stack, selector: Selector, stats: GraphStats, feeds: PleFeeds | None):
-        self.stack, self.selector, self.stats, self.feeds = stack, selector, stats, feeds
+    def __init__(self, stack: Stack, selector: Selector, stats: GraphStats, feeds: PleFeeds | None,
+                 pack: PackBuffers):
+        self.stack, self.selector, self.stats, self.feeds, self.pack = stack, selector, stats, feeds, pack
+        self.io = IO
         self._entries: dict[tuple, _Entry] = {}
         self._by_group: dict[int, tuple[Group, tuple]] = {}
         self._inputs: dict[int, _Input] = {}  # bucket -> its fixed x
@@ -126,6 +139,8 @@ class GraphCache:
                 self._by_group.clear()
             self._by_group[id(g)] = (g, key, entry if entry.gated else None)
         n = inp.x.shape[0]
+        if entry.io:
+            return self._run_io(key, entry, inp.x, n, ctx, copy)
         self._fill(entry.inp, inp.x, n)
         if entry.gated:
             out = self._replay(entry, ctx)
@@ -140,7 +155,9 @@ class GraphCache:
     def replayable(self, bucket: int) -> list[torch.cuda.CUDAGraph] | None:
         """The graphs of the gated, fully captured decode entry of `bucket` (None if there is none), in order: for
         benchmarks that time the device work of a step without the runtime's host work around it. Replaying them
-        runs that step again on the inputs and slots the last step left in the fixed buffers."""
+        runs that step again on the inputs and slots the last step left in the fixed buffers (the io words are
+        cleared first: the last step's x and output may be gone)."""
+        self.pack.send_io(0, 0, 0)
         for entry in self._entries.values():
             if entry.bucket == bucket and entry.gated and all(s.captured for s in entry.segments):
                 return [s.graph for s in entry.segments]
@@ -153,6 +170,7 @@ class GraphCache:
         x = fixed.x
         residual = None if cfg.is_hc else torch.zeros((B, cfg.hidden_size), dtype=x.dtype, device=dev)
         entry = _Entry(g.mode, B, fixed, residual, inp.pack, inp.lora_idx)
+        entry.io = self.io and all(v is None for v in g.vetoes)
         seg_in = Packed(x, residual, entry.pack, entry.lora_idx)
         mempool = torch.cuda.graph_pool_handle()
         saved = entry.pack.slots.clone()  # the step's slots: the warm-ups and the capture run with every slot -1
@@ -191,15 +209,20 @@ class GraphCache:
         entry.pack.slots.fill_(-1)
         side = torch.cuda.Stream(self.stack.pool.device)
         side.wait_stream(torch.cuda.current_stream())
+        io, slots = self.pack.io, entry.pack.slots
         with torch.cuda.stream(side):
             for _ in range(2):  # first launches compile / autotune / allocate outside the capture
-                self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
+                out = self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
+            if entry.io:
+                graph_io.warm(io, slots, entry.x, out)
         torch.cuda.current_stream().wait_stream(side)
         seg.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(seg.graph, pool=mempool):
+            if entry.io:
+                graph_io.rows_in(io, slots, entry.x)
             seg.out = self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
             if last:
-                seg.hidden = Stack.hidden(seg.out)
+                seg.hidden = graph_io.rows_out(io, slots, seg.out) if entry.io else Stack.hidden(seg.out)
 
     # ---- running ----
     @staticmethod
@@ -212,6 +235,30 @@ class GraphCache:
         if fixed.dirty > n:
             fixed.x[n:fixed.dirty].zero_()
         fixed.dirty = n
+
+    def _run_io(self, key: tuple, entry: _Entry, x: Tensor, n: int, ctx: StepContext, copy: bool) -> Tensor:
+        """`run` of an entry with graph_io's kernels: the io words name x (zero: in place) and, for a copy, a fresh
+        output; x the kernel cannot read is copied in by torch first. The first step passes the gate as `run`'s."""
+        fixed = entry.inp
+        src = graph_io.addresses(x, fixed.x, n)
+        if src is None:
+            fixed.x[:n].copy_(x)
+            src = (0, 0)
+        fixed.dirty = n  # the replay zeroes the rows past n
+        hidden = entry.segments[0].hidden
+        out = torch.empty((n, hidden.shape[1]), dtype=hidden.dtype, device=hidden.device) if copy and entry.gated \
+            else None
+        self.pack.send_io(src[0], src[1], 0 if out is None else out.data_ptr())
+        if not entry.gated:
+            return self._gate(key, entry, ctx, entry.pack.slots[:n])
+        entry.segments[0].graph.replay()
+        self.stats.replays += 1
+        if out is not None:
+            return out
+        rows = entry.out_rows.get(n)
+        if rows is None:
+            rows = entry.out_rows[n] = hidden if n == entry.bucket else hidden[:n]
+        return rows
 
     def _replay(self, entry: _Entry, ctx: StepContext) -> Tensor:
         out = None

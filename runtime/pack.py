@@ -4,19 +4,21 @@ by the host into a pinned buffer and sent in one host-to-device copy.
 One device int32 buffer with fixed regions, allocated once per session, so that every view a step binds (and every
 CUDA graph captured over them, the runtime's own or a host's) has a stable address:
 
-    slots [2S] | cu [S + 2] | capture_at [S] | lora [L]        (S = max_seqs, L = RuntimeLimits.max_step_tokens)
+    slots [2S] | cu [S + 2] | capture_at [S] | lora [L] | io [6]     (S = max_seqs, L = RuntimeLimits.max_step_tokens)
 
 A step's groups (decode, verify, prefill, in this order) take consecutive parts of each region; a decode group
 padded to a CUDA-graph bucket B takes B slots (-1 past its sequences) and B LoRA entries (-1), starting at 0, so the
 views a bucket's graph reads are the same every step. Decode groups read `cu_decode`, the constant 0..S, instead of
-the cu region. The host writes a step's entries into a staging array; `send` copies them only where they differ from
-what the device buffer already holds (a mirror of the entries sent so far): a steady decode loop of the same
-sequences sends nothing, which saves its one host-to-device copy, the event and the wait of a ring buffer (three
-CUDA calls, about a third of the host time of a decode step on the H200's host; nothing else writes the buffer for
-good: a capture's warm-up puts back the slots it blanks). A copy goes through a ring of pinned buffers: a buffer is
-rewritten only after its last copy has been read (its event), so the host can prepare step k+1 while the copy of
-step k is still queued behind the GPU. The CPU runs the same path (unpinned buffers, a plain copy), so every device
-holds what `budget.py` counts.
+the cu region. `io` holds three int64 words at an 8-byte aligned offset: the addresses a decode graph copies its
+input from and its output to (`graph_io.py`), sent on their own (`send_io`) once the step's x and output are known,
+after the rest went when the step opened. The host writes a step's entries into a staging array; `send` copies them
+only where they differ from what the device buffer already holds (a mirror of the entries sent so far): a steady
+decode loop of the same sequences sends nothing, which saves its one host-to-device copy, the event and the wait of
+a ring buffer (three CUDA calls, about a third of the host time of a decode step on the H200's host; nothing else
+writes the buffer for good: a capture's warm-up puts back the slots it blanks). A copy goes through a ring of pinned
+buffers: a buffer is rewritten only after its last copy has been read (its event), so the host can prepare step k+1
+while the copy of step k is still queued behind the GPU. The CPU runs the same path (unpinned buffers, a plain
+copy), so every device holds what `budget.py` counts.
 """
 
 from __future__ import annotations
@@ -38,22 +40,28 @@ class PackBuffers:
         for name, size in (("slots", 2 * S), ("cu", S + 2), ("cap", S), ("lora", int(max_tokens))):
             self.regions[name] = (at, size)
             at += size
+        at += at % 2  # the io words are int64
+        self.regions["io"] = (at, 6)
+        at += 6
         self.size = at
         self.offsets = tuple(self.regions[r][0] for r in ("slots", "cu", "cap", "lora"))
         self.dev = torch.zeros(at, dtype=torch.int32, device=self.device)
         self.cu_decode = torch.arange(S + 1, dtype=torch.int32, device=self.device)
+        lo = self.regions["io"][0]
+        self.io = self.dev[lo:lo + 6].view(torch.int64)  # graph_io's words on the device
         cuda = self.device.type == "cuda"
         self._host = [torch.zeros(at, dtype=torch.int32, pin_memory=cuda) for _ in range(RING)]
         self._views = [h.numpy() for h in self._host]
         self._stage = np.zeros(at, dtype=np.int32)  # the step being written
         self._sent = np.zeros(at, dtype=np.int32)  # what the device buffer holds in [0, _sent_to)
         self._sent_to = 0
+        self._io_held = (0, 0, 0)  # the io words the device holds (zeros from the start)
         self._events = [torch.cuda.Event() if cuda else None for _ in range(RING)]
         self._used = [False] * len(self._host)
         self._k = 0
         self.copies = 0
         self.memo: dict[tuple, object] = {}  # a step layout -> its bound views (steps.py), bounded below
-        self._slices: dict[int, tuple[list[Tensor], Tensor]] = {}
+        self._slices: dict[tuple[int, int], tuple[list[Tensor], Tensor]] = {}
 
     def remember(self, key: tuple, bound: object) -> object:
         if len(self.memo) > 4096:  # prefill layouts vary without bound
@@ -81,18 +89,33 @@ class PackBuffers:
         copy that last read it has not run yet: the host is RING steps ahead of the GPU) and one copy."""
         if extent == 0 or (extent <= self._sent_to and np.array_equal(self._stage[:extent], self._sent[:extent])):
             return
+        self._copy(0, extent)
+        self._sent[:extent] = self._stage[:extent]
+        self._sent_to = max(self._sent_to, extent)
+
+    def send_io(self, src: int, stride: int, dst: int) -> None:
+        """The io words (the module docstring) to the device, on the current stream, unless it holds them already."""
+        words = (src, stride, dst)
+        if words == self._io_held:
+            return
+        lo = self.regions["io"][0]
+        self._stage[lo:lo + 6].view(np.int64)[:] = words
+        self._copy(lo, lo + 6)
+        self._io_held = words
+
+    def _copy(self, lo: int, hi: int) -> None:
+        """Entries [lo, hi) of the staging array to the device through the next ring buffer (waiting only if the copy
+        that last read it has not run yet: the host is RING steps ahead of the GPU)."""
         self._k = (self._k + 1) % len(self._host)
         ev = self._events[self._k]
         if ev is not None and self._used[self._k]:
             ev.synchronize()
-        self._views[self._k][:extent] = self._stage[:extent]
-        sl = self._slices.get(extent)
+        self._views[self._k][lo:hi] = self._stage[lo:hi]
+        sl = self._slices.get((lo, hi))
         if sl is None:
-            sl = self._slices[extent] = ([h[:extent] for h in self._host], self.dev[:extent])
+            sl = self._slices[(lo, hi)] = ([h[lo:hi] for h in self._host], self.dev[lo:hi])
         sl[1].copy_(sl[0][self._k], non_blocking=ev is not None)
         if ev is not None:
             ev.record()
             self._used[self._k] = True
-        self._sent[:extent] = self._stage[:extent]
-        self._sent_to = max(self._sent_to, extent)
         self.copies += 1

@@ -218,11 +218,11 @@ class Session:
         ple = self.feeds.layers if self.feeds else frozenset()
         self.selector = Selector(parts.engines, policy, ple)
         self._stats = SessionStats(tp=None if parts.tp is None else parts.tp.describe())
-        self.graphs = GraphCache(self.stack, self.selector, self._stats.graphs, self.feeds)
+        pack = PackBuffers(self.limits.max_seqs, self.limits.max_step_tokens, self.device)
+        self.graphs = GraphCache(self.stack, self.selector, self._stats.graphs, self.feeds, pack)
         self._seqs = SeqTable(self.limits.max_seqs, self.limits.max_draft, self.feeds is not None)
         self._steps = StepParts(self.cfg, self.limits, self.dtype, self.device, self._seqs, self.pool, self.stack,
-                                self.selector, self.graphs, self.feeds, self.adapters, self._stats,
-                                PackBuffers(self.limits.max_seqs, self.limits.max_step_tokens, self.device))
+                                self.selector, self.graphs, self.feeds, self.adapters, self._stats, pack)
         self._guard = self._steps.guard
         self._step: Step | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None

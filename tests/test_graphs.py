@@ -39,9 +39,12 @@ CASES = [pytest.param("tiny-3.5", True, torch.float32, id="plain-fp32"),
          pytest.param("tiny-4exp", False, torch.float32, id="hc+ple-vetoed")]
 
 
+@pytest.mark.parametrize("io", [False, True], ids=["torch-io", "graph-io"])
 @pytest.mark.parametrize("name,hoisted,dtype", CASES)
-def test_graph_decode_equals_eager_bit_for_bit_at_every_bucket(name, hoisted, dtype):
+def test_graph_decode_equals_eager_bit_for_bit_at_every_bucket(name, hoisted, dtype, io):
+    """`graph-io`: the captured graphs read x and write the output by address (runtime/graph_io.py)."""
     graph, eager = _open(name, True, hoisted, dtype), _open(name, False, hoisted, dtype)
+    graph.graphs.io = io
     for bucket in LIMITS.buckets():
         h, ids = _inputs(graph, bucket, 8, seed=bucket)
         seqs = {}

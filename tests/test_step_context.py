@@ -343,12 +343,15 @@ GPU_CASES = [pytest.param(n, d, id=f"{tag}-{str(d)[6:]}") for n, tag in ((PLAIN,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("io", [False, True], ids=["torch-io", "graph-io"])
 @pytest.mark.parametrize("how", ["run", "static"])
 @pytest.mark.parametrize("name,dtype", GPU_CASES)
-def test_batched_equals_dict_on_the_gpu(name, dtype, how):
+def test_batched_equals_dict_on_the_gpu(name, dtype, how, io):
     """The whole scenario (every kind, a mixed step, decode groups replayed from CUDA graphs at buckets 3 and 6);
-    `static`: the input written into the graph's fixed rows (`step.input()`), the output read in place."""
+    `static`: the input written into the graph's fixed rows (`step.input()`), the output read in place; `graph-io`:
+    the batched session's graphs read x and write the output by address (runtime/graph_io.py)."""
     ref, bat = _gpu(name, dtype), _gpu(name, dtype)
+    bat.graphs.io = io
     want, got = _dict_run(ref, False), _batched_run(Batched(bat, how), False)
     for k, (w, g) in enumerate(zip(want, got)):
         assert torch.equal(w.cpu(), g.cpu()), f"output {k} differs"
@@ -422,11 +425,14 @@ def test_an_engine_covering_consecutive_layers_runs_once():
 
 
 @pytest.mark.gpu
-def test_fixed_input_and_output_rows_of_a_graph_step():
+@pytest.mark.parametrize("io", [False, True], ids=["torch-io", "graph-io"])
+def test_fixed_input_and_output_rows_of_a_graph_step(io):
     """`step.input()` of a decode step with a bucket is the graph's fixed input (run copies nothing in: the rows
     hold the step's x); `run(copy=False)` returns rows of the graph's fixed output, equal to the copied result of a
-    twin session and overwritten by the next step; a step without a bucket gets a fresh input tensor."""
+    twin session and overwritten by the next step; a step without a bucket gets a fresh input tensor. `graph-io`:
+    the same with the graph's own kernels reading x and writing the output (runtime/graph_io.py)."""
     ref, bat = _gpu(PLAIN, torch.float32), _gpu(PLAIN, torch.float32)
+    bat.graphs.io = io
     h, _ = inputs(ref, 8, seed=11)
     h = h.to("cuda")
     for sess in (ref, bat):
