@@ -297,7 +297,8 @@ class GraphCache:
             entry.gated = True
             self.stats.captured.append(name)
             self.selector.say(f"captured {name}: replay == eager bit for bit; "
-                              f"{sum(s.captured for s in entry.segments)} graph segment(s)")
+                              f"{sum(s.captured for s in entry.segments)} graph segment(s)"
+                              f"{', input and output by address' if entry.io else ''}")
             return got
         diff = (got.double() - want.double()).abs().max().item()
         reason = f"replay differs from eager (max |output diff| {diff:.3e})"
