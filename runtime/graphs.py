@@ -246,8 +246,7 @@ class GraphCache:
             src = (0, 0)
         fixed.dirty = n  # the replay zeroes the rows past n
         hidden = entry.segments[0].hidden
-        out = torch.empty((n, hidden.shape[1]), dtype=hidden.dtype, device=hidden.device) if copy and entry.gated \
-            else None
+        out = hidden.new_empty((n, hidden.shape[1])) if copy and entry.gated else None
         self.pack.send_io(src[0], src[1], 0 if out is None else out.data_ptr())
         if not entry.gated:
             return self._gate(key, entry, ctx, entry.pack.slots[:n])
