@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the GPU tests, then the benchmarks, each stage under its own time limit, logs under $OUT.
 #   run(command="source bench/gpu-prelude.sh; bash bench/gpu-all.sh [stages]", carry=[".whl"])
-# stages (default: tests kernels): tests kernels lora runtime gluon conv gemm io; KERNELS_ONLY passes --only to
+# stages (default: tests kernels): tests kernels lora runtime gluon conv gemm io norm; KERNELS_ONLY passes --only to
 # bench/kernels.py, KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384 --name kernels-round2"),
 # KERNELS_LIMIT its limit (s).
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
@@ -70,6 +70,21 @@ for s in $stages; do
              mkdir -p "$OUT/g"; GDN_TRT_CONV_IN_GEMM=1 timeout 150 python bench/gemm_step.py --n 64 --out "$OUT/g" \
                --launches "64,64,64,4,4,1,0,1;64,64,128,4,4,1,0,1;64,128,64,4,8,1,0,1;64,64,64,4,4,1,0,1,1" \
                >> "$OUT/bench.log" 2>&1; rm -f "$OUT/g"/*.json; cat "$OUT/g"/*.md | tail -6 ;;
+    # the decode's gated norm in the GDN decode kernel's epilogue (plugins/glue/decode_norm.py): its GPU tests, the
+    # static decode step with it off and on (two interleaved rounds), then everything written without a device on at
+    # once (the conv in in_proj, the norm in the decode, the graph's io by address) against all off, `ours` and
+    # `static`
+    norm)    timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider \
+               tests/test_decode_norm.py > "$OUT/tests-norm.log" 2>&1; tail -3 "$OUT/tests-norm.log"
+             for r in 1 2; do for on in 0 1; do mkdir -p "$OUT/n$on$r"
+               GDN_TRT_NORM_IN_DECODE=$on timeout 90 python bench/runtime.py --only static --steps 100 --deadline 70 \
+                 --out "$OUT/n$on$r" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/n$on$r"/*.png "$OUT/n$on$r"/*.json
+               echo "norm_in_decode=$on round $r"; grep "^| static" "$OUT/n$on$r"/*.md; done; done
+             for on in 0 1; do mkdir -p "$OUT/a$on"
+               GDN_TRT_CONV_IN_GEMM=$on GDN_TRT_NORM_IN_DECODE=$on GDN_TRT_GRAPH_IO=$on timeout 100 python \
+                 bench/runtime.py --only ours,static --steps 100 --deadline 80 --out "$OUT/a$on" >> "$OUT/bench.log" 2>&1
+               rm -f "$OUT/a$on"/*.png "$OUT/a$on"/*.json
+               echo "all three=$on"; grep "^| ours\|^| static" "$OUT/a$on"/*.md; done ;;
     # the decode graph's input and output by address (runtime/graph_io.py): its GPU tests, then `ours` (run(x) with
     # its copies) and `static` (in place) with it off and on, two interleaved rounds, and the host phases with it on
     io)      timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider tests/test_graph_io.py \
@@ -85,6 +100,6 @@ for s in $stages; do
     gemm)    mkdir -p "$OUT/gs"; timeout 280 python bench/gemm.py --sweep --m "${GEMM_M:-1,8,64}" --deadline 200 \
                --out "$OUT/gs" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/gs"/*.png
              grep "True\|cuBLAS" "$OUT/gs"/*sweep.md | tail -30 ;;
-    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io)"; exit 2 ;;
+    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm)"; exit 2 ;;
   esac
 done

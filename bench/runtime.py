@@ -550,6 +550,7 @@ def main() -> None:
     meta.update({"activations": "bfloat16", "state": "float32", "steps": args.steps,
                  "configs": {k: c.name for k, c in cfgs.items()},
                  "conv_in_gemm": glue_tri.TUNING.conv_in_gemm,  # GDN_TRT_CONV_IN_GEMM: the A/B of gpu-all.sh conv
+                 "norm_in_decode": glue_tri.TUNING.norm_in_decode,  # GDN_TRT_NORM_IN_DECODE: gpu-all.sh norm
                  "graph_io": graphs.IO})  # GDN_TRT_GRAPH_IO: the A/B of gpu-all.sh io
     # before any stack is built or profiled: the host's own speed, the term that moves every enqueue figure
     host_ref = tuple(round(v, 2) for v in static_reference())

@@ -89,6 +89,14 @@ class _Io:
         return (spec.writes is Writes.POOLS and spec.one_token_per_sequence
                 and not (adapted and self.lora is not None) and glue.conv_in_gemm(x, w))
 
+    def norm_in_decode(self, x: GdnInputs) -> bool:
+        """Whether the GDN decode and the output's gated norm run as one kernel (`glue.recurrent_norm`): a mode with
+        one token per sequence that writes the pools (decode) and a call the fused kernel takes
+        (`glue.norm_in_decode`). On the H200 at N = 64 the gated norm took 7.4 us of interval a layer, 4.6 of it
+        beside the GDN decode (bench/results/2026-12-04-gemm-step-late.md)."""
+        spec = self.mode.spec
+        return spec.writes is Writes.POOLS and spec.one_token_per_sequence and glue.norm_in_decode(x, self.pack)
+
     def conv(self, name: str, x: Tensor, conv: ConvParams) -> Tensor:
         """The mode's conv op (`ModeSpec.conv`) on state part `name` (conv, ple_conv)."""
         pool, writes = getattr(self.state, name), self.mode.spec.writes
@@ -344,9 +352,14 @@ class GdnLayer(nn.Module):
             qkv = io.conv("conv", qkv, conv)
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)
-        o = io.gdn(x)
-        norm = glue.gated_rms_norm if fused else gated_rms_norm
-        o = norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
+        if fused and io.norm_in_decode(x):
+            o = glue.recurrent_norm(x, io.pack, io.state.ssm, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps,
+                                    cfg.output_gate_type)
+            io.pools["ssm"] = io.state.ssm
+        else:
+            o = io.gdn(x)
+            norm = glue.gated_rms_norm if fused else gated_rms_norm
+            o = norm(o, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
         o = o.reshape(T, cfg.value_dim)
         last = self.mlp is None if last is None else last
         return self._reduce(io.adapt(_linear(o, m.out_proj, fused), o, self._by_proj[Proj.OUT_PROJ]), last)

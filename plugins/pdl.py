@@ -10,7 +10,8 @@ called `launch_dependents`, and its programs wait at `griddepcontrol.wait` until
 and its writes are visible.
 
 The rule every kernel here keeps (`enter`, or `wait` then `release` where a kernel triggers later than at its
-start: the skinny GEMM with `gemm.Config.late`): the wait comes first, then `launch_dependents`, so at most one kernel
+start: the skinny GEMM with `gemm.Config.late`, the GDN decode with the gated norm in its epilogue,
+`glue/decode_norm.py`): the wait comes first, then `launch_dependents`, so at most one kernel
 runs ahead of the one that is working (a trigger placed before the wait would let a chain of kernels start and hold
 SM slots while they all wait); every store comes after the wait (a kernel that overlaps the previous one must not
 overwrite a buffer that one may still read). Before the wait a kernel may only read what the kernel launched just

@@ -18,6 +18,8 @@ from torch import Tensor
 
 from ..causal_conv1d import naive as conv_naive
 from ..causal_conv1d.io import ConvParams
+from ..gated_delta_rule import naive as gdn_naive
+from ..gated_delta_rule.io import GdnInputs
 from ..packing import Packing, compute_dtype
 from .io import PleNorms
 
@@ -115,3 +117,9 @@ def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool
     D = conv.weight.shape[0]
     y[:, :D] = conv_naive.update(y[:, :D], conv, pack, conv_pool)
     return y
+
+
+def recurrent_norm(x: GdnInputs, pack: Packing, ssm_pool: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Tensor:
+    """The GDN decode step (`gated_delta_rule.naive.recurrent`, which updates ssm_pool[slot]), then `gated_rms_norm`
+    of its output: [T, HV, V]."""
+    return gated_rms_norm(gdn_naive.recurrent(x, pack, ssm_pool), z, w, eps, act)

@@ -23,6 +23,8 @@ from torch import Tensor
 from .. import library
 from ..causal_conv1d import op as conv_op
 from ..causal_conv1d.io import ConvParams
+from ..gated_delta_rule import op as gdn_op
+from ..gated_delta_rule.io import GdnInputs
 from ..packing import Packing
 from ..spec import Activation
 from . import naive
@@ -196,3 +198,29 @@ def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool
         y[:, :D] = conv_op.update(y[:, :D], conv, pack, conv_pool)[0]
         return y
     return _impl(x).linear_conv(x, w, conv, pack, conv_pool)
+
+
+def norm_in_decode(x: GdnInputs, pack: Packing) -> bool:
+    """Whether `recurrent_norm(x, pack, ...)` runs as one launch (CUDA, `triton.Tuning.norm_in_decode` on, and the
+    recurrent kernel's tuning takes its one-tile form for this call: `decode_norm.takes`); the layer calls it only
+    then, and the GDN op and `gated_rms_norm` separately otherwise."""
+    return x.q.is_cuda and _impl(x.q).TUNING.norm_in_decode and _impl(x.q).decode_norm.takes(x, pack)
+
+
+def recurrent_norm(x: GdnInputs, pack: Packing, ssm_pool: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Tensor:
+    """The decode step of the gated delta rule and its output's gated norm in one: y = gated_rms_norm(o, z, w, eps,
+    act) [T, HV, V] of o = `gated_delta_rule.op.recurrent(x, pack, ssm_pool)`, which updates ssm_pool[slot] in
+    place. On CUDA a call `norm_in_decode` takes runs as one launch (decode_norm.py: the norm in the recurrent
+    kernel's epilogue, o never read back by another kernel); any other CUDA call runs the two ops."""
+    x.check(pack, ssm_pool)
+    T, HV, V = x.v.shape
+    if tuple(z.shape) != (T, HV, V) or z.stride(2) != 1:
+        raise ValueError(f"z must be [{T}, {HV}, {V}] with unit stride along V, got {tuple(z.shape)} strides "
+                         f"{z.stride()}")
+    if act not in ("silu", "sigmoid"):
+        raise ValueError(f"act must be silu or sigmoid, got {act!r}")
+    check_vector("gated norm weight", w, V)
+    check_same(x.v, z)
+    if x.q.is_cuda and not norm_in_decode(x, pack):
+        return gated_rms_norm(gdn_op.recurrent(x, pack, ssm_pool)[0], z, w, eps, act)
+    return _impl(x.q).recurrent_norm(x, pack, ssm_pool, z, w, eps, act)

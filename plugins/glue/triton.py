@@ -15,8 +15,9 @@ inputs once and writes its outputs once, computing in fp32 in registers:
   (a strided column slice: its row and head strides are kernel arguments, nothing is copied);
 - `silu_mul` (SwiGLU), `silu_div` (the hc low-rank activation), `hc_mix` (sigmoid gates, product, mean over the
   streams), `hc_inject` (the hc residual), `ple_gate` (the PLE key/query norms, gate, value product and conv norm).
-- `linear` is the skinny GEMM of `gemm.py` (decode-sized projections), imported here so this module keeps every
-  entry name of `naive.py`.
+- `linear` is the skinny GEMM of `gemm.py` (decode-sized projections), `linear_conv` the same with the conv update
+  in its epilogue, and `recurrent_norm` the GDN decode with the gated norm in its epilogue (`decode_norm.py`),
+  kept here so that this module has every entry name of `naive.py`.
 The kernels round intermediates to the activation dtype where the torch code does (each torch op on bf16 rounds
 its result): in bf16 they then agree with the torch code to a few units of the last place instead of drifting by
 the sum of the skipped roundings; in fp32 those casts are no-ops.
@@ -38,6 +39,9 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import pdl
+from ..gated_delta_rule.io import GdnInputs
+from . import decode_norm
+from .decode_norm import gated_rows
 from ..causal_conv1d.io import ConvParams
 from ..packing import Packing
 from . import gemm  # noqa: F401 (op.linear asks gemm.dispatched)
@@ -59,6 +63,10 @@ class Tuning:
     # until it has run on a GPU: written and checked on the CPU (interpreter, sm_90 compile) in a sitting without
     # a device. GDN_TRT_CONV_IN_GEMM=1 turns it on (the A/B switch of the benches: bench/gpu-all.sh conv)
     conv_in_gemm: bool = os.environ.get("GDN_TRT_CONV_IN_GEMM", "0") == "1"
+    # the decode step's gated output norm in the GDN decode kernel's epilogue (`recurrent_norm`, decode_norm.py),
+    # where the layer uses it. Off for the same reason (a later sitting without a device); GDN_TRT_NORM_IN_DECODE=1
+    # turns it on (bench/gpu-all.sh norm)
+    norm_in_decode: bool = os.environ.get("GDN_TRT_NORM_IN_DECODE", "0") == "1"
 
 
 TUNING = Tuning()
@@ -134,13 +142,7 @@ def gated_norm_kernel(
     b_o = tl.load(o + o_r[:, None] * V + o_v[None, :], mask=m, other=0.0).to(tl.float32)
     b_z = tl.load(z + i_t[:, None] * s_zt + i_h[:, None] * s_zh + o_v[None, :], mask=m, other=0.0).to(tl.float32)
     b_w = tl.load(w + o_v, mask=m_v, other=0.0).to(tl.float32)
-    b_y = (b_o * tl.rsqrt(tl.sum(b_o * b_o, 1) / V + eps)[:, None]).to(dt)
-    b_y = (b_w[None, :] * b_y.to(tl.float32)).to(dt)
-    if SILU:
-        b_g = b_z * tl.sigmoid(b_z)
-    else:
-        b_g = tl.sigmoid(b_z)
-    tl.store(y + o_r[:, None] * V + o_v[None, :], (b_y.to(tl.float32) * b_g).to(dt), mask=m)
+    tl.store(y + o_r[:, None] * V + o_v[None, :], gated_rows(b_o, b_z, b_w, eps, V, SILU, dt), mask=m)
 
 
 @triton.jit
@@ -354,3 +356,9 @@ def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool
 def _late(cfg: gemm.Config) -> gemm.Config:
     """`cfg` with the late trigger (a dataclass `replace` per call would cost host time on eager decode steps)."""
     return replace(cfg, late=True)
+
+
+def recurrent_norm(x: GdnInputs, pack: Packing, ssm_pool: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Tensor:
+    """`naive.recurrent_norm` in one launch: the recurrent kernel's one-tile decode with the gated norm in its
+    epilogue (decode_norm.py)."""
+    return decode_norm.launch(x, pack, ssm_pool, z, w, eps, act)
