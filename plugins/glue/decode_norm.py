@@ -13,9 +13,8 @@ head)'s int32 counter (an atomic add, release and acquire at GPU scope, after a 
 are written before the ticket releases them); the program that draws the last ticket reads the head's V outputs
 back (from L2: `.cg`), computes y = (w * RMSNorm(o)) * act(z) as `gated_norm_kernel` does row by row
 (`gated_rows`, which that kernel calls too: the same roundings; only the order of the V-term sum of squares may
-differ), writes it and
-sets the counter back to 0 for the next launch or graph replay. Padding sequences (slot -1) write zero rows of o
-and y. The counters are allocated once per (device, sequences x heads) and kept (a captured graph holds their
+differ), writes it and sets the counter back to 0 for the next launch or graph replay. Padding sequences (slot -1)
+write zero rows of o and y. The counters are allocated once per (device, sequences x heads) and kept (a captured graph holds their
 address), like the split-K GEMM's (`gemm._workspace`): the first launch of a geometry must be eager.
 
 PDL (plugins/pdl.py): the kernel waits where the recurrent kernel enters, but lets the next kernel (out_proj) launch
