@@ -195,6 +195,47 @@ def token_steps(b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s, p_A, p_dt, scale, n_t, o
 
 
 @triton.jit
+def token_ptrs(q, k, v, a, b, o, bos, i_h, i_hv, i_v, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_at, s_ah, s_bt, s_bh,
+               HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """A program's scalar pointers at its sequence's first token (row bos): q, k at key head i_h; v, o at value head
+    i_hv and the first column of V-tile i_v; a, b at the value head."""
+    return (q + bos * s_qt + i_h * s_qh, k + bos * s_kt + i_h * s_kh, v + bos * s_vt + i_hv * s_vh + i_v * BV,
+            a + bos * s_at + i_hv * s_ah, b + bos * s_bt + i_hv * s_bh, o + (bos * HV + i_hv) * V + i_v * BV)
+
+
+@triton.jit
+def tile_offsets(o_k, m_k, m_v, m_h, i_v, BV: tl.constexpr, V: tl.constexpr, CH: tl.constexpr):
+    """The one-tile path's (columns o_c, their mask, offsets in a [K, V] state, their mask): [BV] columns, whose
+    masks the caller has (m_v, m_h), or with CH > 0 [BV / CH, CH] (see `_rows`)."""
+    if CH > 0:
+        # the tile as [BV / CH, BK, CH]: Triton then lays a thread's elements over fewer rows (8 instead of 32
+        # in the 64 x 2 tile), so the k and q slices each thread holds beside the tile shrink alike
+        o_c = tl.arange(0, BV // CH)[:, None] * CH + tl.arange(0, CH)[None, :]
+        m_c = i_v * BV + o_c < V
+        return o_c, m_c, _rows(o_k, CH) * V + _cols(o_c, CH), _rows(m_k, CH) & _cols(m_c, CH)
+    else:
+        o_c = tl.arange(0, BV)
+        return o_c, m_v, o_k[:, None] * V + o_c[None, :], m_h
+
+
+@triton.jit
+def operands_first(p_q, p_k, p_v, p_a, p_b, p_o, p_s, pool, p_A, p_dt, scale, o_k, m_k, o_c, m_v, o_h, m_h,
+                   s_qt, s_kt, s_vt, s_at, s_bt, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   STASH: tl.constexpr, LOAD_HINT: tl.constexpr, STORE_HINT: tl.constexpr, Q_AFTER: tl.constexpr,
+                   CH: tl.constexpr):
+    """The first token with its operands loaded before the state tile (`Tuning.rec_qkv_first`): returns the tile
+    after it and the pointers moved on to the next token."""
+    b_q, b_k, b_v, b_a, b_b = token_in(p_q, p_k, p_v, p_a, p_b, o_k, m_k, o_c, m_v)
+    b_A = -tl.exp(tl.load(p_A).to(tl.float32))
+    b_dt = tl.load(p_dt).to(tl.float32)
+    b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
+    b_h, b_o = token_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A, b_dt, scale, Q_AFTER, CH)
+    p_s = token_out(b_h, b_o, p_o, p_s, o_c, m_v, o_h, m_h, HV, K, V, STASH, STORE_HINT)
+    p_q, p_k, p_v, p_a, p_b, p_o = token_next(p_q, p_k, p_v, p_a, p_b, p_o, s_qt, s_kt, s_vt, s_at, s_bt, HV * V)
+    return b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s
+
+
+@triton.jit
 def gdn_recurrent_kernel(
     q, k, v, a, b, A_log, dt_bias,  # q, k [T, H, K]; v [T, HV, V]; a, b [T, HV]: strided views
     o,  # [T, HV, V] contiguous, activation dtype
@@ -242,12 +283,8 @@ def gdn_recurrent_kernel(
     # stores keep it from evicting the small operands from L2 (+6 pp of copy bandwidth at N=256, bench sweep)
     LOAD_HINT: tl.constexpr = "evict_first" if STREAM else ""
     STORE_HINT: tl.constexpr = ".cs" if STREAM else ""
-    p_q = q + bos * s_qt + i_h * s_qh
-    p_k = k + bos * s_kt + i_h * s_kh
-    p_v = v + bos * s_vt + i_hv * s_vh + i_v * BV
-    p_a = a + bos * s_at + i_hv * s_ah
-    p_b = b + bos * s_bt + i_hv * s_bh
-    p_o = o + (bos * HV + i_hv) * V + i_v * BV
+    p_q, p_k, p_v, p_a, p_b, p_o = token_ptrs(q, k, v, a, b, o, bos, i_h, i_hv, i_v, s_qt, s_qh, s_kt, s_kh, s_vt,
+                                              s_vh, s_at, s_ah, s_bt, s_bh, HV, V, BV)
     p_s = stash + (bos * HV + i_hv) * K * V + i_v * BV
     if SUB > 0:
         # the program's BV columns as BV / SUB sub-tiles (registers for one [K, SUB] tile only)
@@ -274,30 +311,16 @@ def gdn_recurrent_kernel(
                     else:
                         tl.store(pool + o_hs, b_h, mask=m_hs, cache_modifier=STORE_HINT)
     else:
-        if CH > 0:
-            # the tile as [BV / CH, BK, CH]: Triton then lays a thread's elements over fewer rows (8 instead of 32
-            # in the 64 x 2 tile), so the k and q slices each thread holds beside the tile shrink alike
-            o_c = tl.arange(0, BV // CH)[:, None] * CH + tl.arange(0, CH)[None, :]
-            m_v = i_v * BV + o_c < V
-            o_h = _rows(o_k, CH) * V + _cols(o_c, CH)
-            m_h = _rows(m_k, CH) & _cols(m_v, CH)
-        else:
-            o_c = tl.arange(0, BV)
-            o_h = o_k[:, None] * V + o_c[None, :]
+        o_c, m_v, o_h, m_h = tile_offsets(o_k, m_k, m_v, m_h, i_v, BV, V, CH)
         n_t = eos - bos
         if QKV_FIRST:
             # the first token's operands (a few hundred bytes) go out before the tile's 32 KB, so they are back
             # while the tile streams in and the step waits on the tile alone (Tuning.rec_qkv_first); with PDL that
             # moves the wait before the tile's load, which then no longer overlaps the previous kernel
             pdl.enter(PDL)
-            b_q, b_k, b_v, b_a, b_b = token_in(p_q, p_k, p_v, p_a, p_b, o_k, m_k, o_c, m_v)
-            b_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-            b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
-            b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
-            b_h, b_o = token_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A, b_dt, scale, Q_AFTER, CH)
-            p_s = token_out(b_h, b_o, p_o, p_s, o_c, m_v, o_h, m_h, HV, K, V, STASH, STORE_HINT)
-            p_q, p_k, p_v, p_a, p_b, p_o = token_next(p_q, p_k, p_v, p_a, p_b, p_o, s_qt, s_kt, s_vt, s_at, s_bt,
-                                                      HV * V)
+            b_h, p_q, p_k, p_v, p_a, p_b, p_o, p_s = operands_first(
+                p_q, p_k, p_v, p_a, p_b, p_o, p_s, pool, A_log + i_hv, dt_bias + i_hv, scale, o_k, m_k, o_c, m_v, o_h,
+                m_h, s_qt, s_kt, s_vt, s_at, s_bt, HV, K, V, STASH, LOAD_HINT, STORE_HINT, Q_AFTER, CH)
             n_t -= 1
         elif TMA:
             b_h = pool.load([row, 0, i_v * BV]).reshape(BK, BV)

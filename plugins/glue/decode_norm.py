@@ -14,8 +14,9 @@ are written before the ticket releases them); the program that draws the last ti
 back (from L2: `.cg`), computes y = (w * RMSNorm(o)) * act(z) as `gated_norm_kernel` does row by row
 (`gated_rows`, which that kernel calls too: the same roundings; only the order of the V-term sum of squares may
 differ), writes it and sets the counter back to 0 for the next launch or graph replay. Padding sequences (slot -1)
-write zero rows of o and y. The counters are allocated once per (device, sequences x heads) and kept (a captured graph holds their
-address), like the split-K GEMM's (`gemm._workspace`): the first launch of a geometry must be eager.
+write zero rows of o and y. The counters are allocated once per (device, sequences x heads) and kept (a captured
+graph holds their address), like the split-K GEMM's (`gemm._workspace`): the first launch of a geometry must be
+eager.
 
 PDL (plugins/pdl.py): the kernel waits where the recurrent kernel enters, but lets the next kernel (out_proj) launch
 only after its state store, not at its start: out_proj's programs would otherwise hold SM slots through the whole
@@ -35,7 +36,7 @@ from torch import Tensor
 from .. import pdl
 from ..gated_delta_rule import triton as gdn_tri
 from ..gated_delta_rule.io import GdnInputs
-from ..gated_delta_rule.triton_recurrent import _cols, _rows, token_in, token_next, token_out, token_step, token_steps
+from ..gated_delta_rule.triton_recurrent import operands_first, tile_offsets, token_ptrs, token_steps
 from ..packing import Packing
 
 
@@ -71,46 +72,31 @@ def decode_norm_kernel(
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     slot = tl.load(slots + i_n).to(tl.int64)
     o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
+    m_v = o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
     if slot < 0:
         # padding sequence: zero rows of o and y, no state touched
         pdl.enter(PDL)
-        o_z = i_v * BV + tl.arange(0, BV)
         for t in range(bos, eos):
-            tl.store(o + (t * HV + i_hv) * V + o_z, tl.zeros([BV], dtype=o.dtype.element_ty), mask=o_z < V)
-            tl.store(y + (t * HV + i_hv) * V + o_z, tl.zeros([BV], dtype=y.dtype.element_ty), mask=o_z < V)
+            tl.store(o + (t * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=o.dtype.element_ty), mask=m_v)
+            tl.store(y + (t * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=y.dtype.element_ty), mask=m_v)
         return
     if eos == bos:
         return
     pool += (slot * HV + i_hv) * K * V + i_v * BV
     LOAD_HINT: tl.constexpr = "evict_first" if STREAM else ""
     STORE_HINT: tl.constexpr = ".cs" if STREAM else ""
-    p_q = q + bos * s_qt + i_h * s_qh
-    p_k = k + bos * s_kt + i_h * s_kh
-    p_v = v + bos * s_vt + i_hv * s_vh + i_v * BV
-    p_a = a + bos * s_at + i_hv * s_ah
-    p_b = b + bos * s_bt + i_hv * s_bh
-    p_o = o + (bos * HV + i_hv) * V + i_v * BV
-    if CH > 0:
-        o_c = tl.arange(0, BV // CH)[:, None] * CH + tl.arange(0, CH)[None, :]
-        m_v = i_v * BV + o_c < V
-        o_h = _rows(o_k, CH) * V + _cols(o_c, CH)
-        m_h = _rows(m_k, CH) & _cols(m_v, CH)
-    else:
-        o_c = tl.arange(0, BV)
-        m_v = i_v * BV + o_c < V
-        o_h = o_k[:, None] * V + o_c[None, :]
-        m_h = m_k[:, None] & m_v[None, :]
+    p_q, p_k, p_v, p_a, p_b, p_o = token_ptrs(q, k, v, a, b, o, bos, i_h, i_hv, i_v, s_qt, s_qh, s_kt, s_kh, s_vt,
+                                              s_vh, s_at, s_ah, s_bt, s_bh, HV, V, BV)
+    o_c, m_v, o_h, m_h = tile_offsets(o_k, m_k, m_v, m_h, i_v, BV, V, CH)
     n_t = eos - bos
     if QKV_FIRST:  # the recurrent kernel's operands-first form (Tuning.rec_qkv_first)
         pdl.wait(PDL)
-        b_q, b_k, b_v, b_a, b_b = token_in(p_q, p_k, p_v, p_a, p_b, o_k, m_k, o_c, m_v)
-        b_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-        b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
-        b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
-        b_h, b_o = token_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A, b_dt, scale, Q_AFTER, CH)
-        token_out(b_h, b_o, p_o, pool, o_c, m_v, o_h, m_h, HV, K, V, False, STORE_HINT)
-        p_q, p_k, p_v, p_a, p_b, p_o = token_next(p_q, p_k, p_v, p_a, p_b, p_o, s_qt, s_kt, s_vt, s_at, s_bt, HV * V)
+        b_h, p_q, p_k, p_v, p_a, p_b, p_o, _ = operands_first(
+            p_q, p_k, p_v, p_a, p_b, p_o, pool, pool, A_log + i_hv, dt_bias + i_hv, scale, o_k, m_k, o_c, m_v, o_h, m_h,
+            s_qt, s_kt, s_vt, s_at, s_bt, HV, K, V, False, LOAD_HINT, STORE_HINT, Q_AFTER, CH)
         n_t -= 1
     else:
         b_h = tl.load(pool + o_h, mask=m_h, other=0.0, eviction_policy=LOAD_HINT)
@@ -125,7 +111,6 @@ def decode_norm_kernel(
     c = cnt + i_n * HV + i_hv
     ticket = tl.atomic_add(c, 1, sem="acq_rel", scope="gpu")
     if ticket == tl.num_programs(0) - 1:
-        # (names of their own: a loop-carried name must keep its type, and b_o is the token step's [BV] output)
         o_w = tl.arange(0, BW)
         m_w = (o_w < V)[None, :]
         n_w = tl.load(w + o_w, mask=o_w < V, other=0.0).to(tl.float32)
