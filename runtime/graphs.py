@@ -11,9 +11,10 @@ residual add, so a replay is one launch and its output one fixed buffer, copied 
 (`run(..., copy=False)`). With `IO` on, a fully captured entry's graph does both itself: it begins and ends with
 `graph_io`'s kernels, which read x from and write the output to the addresses `run` sends as the index buffer's io
 words, and zero the padding rows (so `run` launches the replay alone). The adapter slot weights are read in
-place, so adapters uploaded between replays are what the next replay uses. The stack is cut into segments of consecutive layers: a segment whose layers have no capture
-veto is captured once (after a warm-up, with every slot -1, so neither warm-up nor capture writes state; the step's
-slots are put back afterwards) and replayed; a vetoed segment runs eagerly on the same padded buffers.
+place, so adapters uploaded between replays are what the next replay uses. The stack is cut into segments of
+consecutive layers: a segment whose layers have no capture veto is captured once (after a warm-up, with every slot
+-1, so neither warm-up nor capture writes state; the step's slots are put back afterwards) and replayed; a vetoed
+segment runs eagerly on the same padded buffers.
 
 `host_captures` records the (mode, rows, stash row) of steps whose layer calls a host captured in its own CUDA graph
 (`steps.Step.replayed`).

@@ -4,7 +4,9 @@ CPU: which x the kernel reads where it lies (in place, strided, misaligned, over
 words sent only when they change and read back as written, the index buffer's bytes as the budget counts them.
 Interpreter (rerun of this file with TRITON_INTERPRET=1): both kernels against torch's own copy and add, bit for bit
 (a copy and one rounded add have one right answer), rows split over two column programs with a masked tail, padding
-rows zeroed, the caller's rows outside the step (poisoned with NaN) untouched, a zero address writing nothing.
+rows zeroed, the caller's rows outside the step (poisoned with NaN) untouched, a zero address writing nothing; and
+`GraphCache._run_io`'s host path over a stand-in graph that launches what the capture records (outputs, the words
+it sends, which buffer it returns, the padding rows zeroed).
 sm_90: both kernels compile without spills and move rows in 16-byte vectors. GPU (marked gpu): a session with the
 kernels against one without, bit for bit over fresh, strided, misaligned and in-place inputs, copied and in-place
 outputs, buckets with padding; the other GPU tests of the runtime run with them on too (tests/test_graphs.py,
@@ -151,6 +153,68 @@ if INSIDE:
         again = graph_io.rows_out(torch.zeros(3, dtype=torch.int64), slots,
                                   Packed(x, res if residual else None, None, None))
         assert torch.equal(again, want) and dst.isnan().all()  # no destination: nothing written
+
+
+if INSIDE:
+    class _Launches:
+        """Stands in for a decode graph captured with graph_io's kernels: its replay launches what the capture
+        recorded, in order, on the same buffers (the kernels run under the interpreter; the stack between them is
+        a stub layer, out = (2x, residual x + 1)); `hidden` is the capture's fixed output."""
+
+        def __init__(self, io, slots, x):
+            self.io, self.slots, self.x, self.hidden = io, slots, x, torch.zeros_like(x)
+
+        def replay(self) -> None:
+            graph_io.rows_in(self.io, self.slots, self.x)
+            out = Packed(self.x * 2, self.x + 1, None, None)
+            self.hidden.copy_(graph_io.rows_out(self.io, self.slots, out))
+
+    def test_interp_run_io_host_path():
+        """`GraphCache._run_io` on a gated io entry of bucket 4 on the CPU: fresh, misaligned and in-place x, copied
+        and in-place outputs, 3 then 2 step rows. Each output equals the stub layer on x; a copy is a fresh tensor
+        and `copy=False` the fixed output's rows; the padding rows of the fixed input are zero after each step; the
+        io words name x (zero in place or where torch copied x in) and the output."""
+        from gdn_trt.model.modes import LayerMode
+        from gdn_trt.plugins.packing import Packing
+        from gdn_trt.runtime import graphs
+        from gdn_trt.runtime.stats import GraphStats
+
+        B, D = 4, 48
+        pk = PackBuffers(8, 16, torch.device("cpu"))
+        gc = graphs.GraphCache(None, None, GraphStats(), None, pk)
+        fixed = graphs._Input(torch.zeros(B, D))
+        slots = pk.view("slots", 0, B)
+        graph = _Launches(pk.io, slots, fixed.x)
+        seg = graphs._Segment((), True, None, None, graph, graph.hidden)
+        entry = graphs._Entry(LayerMode.DECODE_MULTI_SEQ, B, fixed, None, Packing(pk.cu_decode[:B + 1], slots),
+                              None, [seg], gated=True, io=True)
+        g = torch.Generator().manual_seed(1)
+        flat = torch.zeros(3 * D + 1)
+        for step, (how, n, copy) in enumerate([("fresh", 3, True), ("misaligned", 3, True), ("in place", 3, False),
+                                               ("fresh", 2, False), ("in place", 2, True)]):
+            h = pk.host()
+            h[:B] = [5, 1, 3, 0][:n] + [-1] * (B - n)
+            pk.send(B)
+            want = torch.randn(n, D, generator=g)
+            if how == "fresh":
+                x = want.clone()
+            elif how == "misaligned":
+                x = flat[1:1 + n * D].view(n, D)
+                x.copy_(want)
+            else:
+                x = fixed.x[:n]
+                x.copy_(want)
+            fixed.x[n:] = float("nan")  # a larger earlier step's rows: the replay must zero them
+            got = gc._run_io(None, entry, x, n, None, copy)
+            assert torch.equal(got, want * 2 + (want + 1)), (step, how)
+            assert torch.equal(fixed.x[n:], torch.zeros(B - n, D)) and fixed.dirty == n, step
+            src, stride, dst = pk.io.tolist()
+            assert (src, stride) == ((x.data_ptr(), D) if how == "fresh" else (0, 0)), step
+            if copy:
+                assert dst == got.data_ptr() and got.data_ptr() != graph.hidden.data_ptr(), step
+            else:
+                assert dst == 0 and got.data_ptr() == graph.hidden.data_ptr() and got.shape == (n, D), step
+        assert gc.stats.replays == 5
 
 
 @pytest.mark.gpu
