@@ -54,14 +54,15 @@ def _rows_in_kernel(io, slots, x, D, VEC: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rows_out_kernel(io, slots, x, res, hidden, D, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _rows_out_kernel(io, slots, x, res, hidden, D, s_x, s_r, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < D
-    off = r.to(tl.int64) * D + cols
-    v = tl.load(x + off, mask=m)
+    off = r.to(tl.int64) * D + cols  # hidden and the destination: contiguous rows
+    v = tl.load(x + r.to(tl.int64) * s_x + cols, mask=m)
     if HAS_RES:
-        v = (v.to(tl.float32) + tl.load(res + off, mask=m).to(tl.float32)).to(x.dtype.element_ty)
+        v = (v.to(tl.float32) + tl.load(res + r.to(tl.int64) * s_r + cols, mask=m).to(tl.float32)).to(
+            x.dtype.element_ty)
         tl.store(hidden + off, v, mask=m)
     dst = tl.load(io + 2)
     if dst != 0:
@@ -80,11 +81,13 @@ def rows_in(io: Tensor, slots: Tensor, x: Tensor) -> None:
 
 
 def rows_out(io: Tensor, slots: Tensor, out: Packed) -> Tensor:
-    """See the module docstring: the step's hidden state [B, D] (a new tensor for plain models, out.x for hc)."""
-    x, res = out.x, out.residual
-    hidden = x if res is None else torch.empty_like(x)
-    _rows_out_kernel[_grid(x)](io, slots, x, x if res is None else res, hidden, x.shape[1], HAS_RES=res is not None,
-                               BLOCK=BLOCK, num_warps=4)
+    """See the module docstring: the step's hidden state [B, D] (a new contiguous tensor for plain models, out.x for
+    hc). x and the residual may have any row stride (a layer's output can be a view); along a row, unit stride."""
+    x, res = (t if t is None or t.stride(1) == 1 else t.contiguous() for t in (out.x, out.residual))
+    hidden = x if res is None else x.new_empty(x.shape)
+    _rows_out_kernel[_grid(x)](io, slots, x, x if res is None else res, hidden, x.shape[1], x.stride(0),
+                               (x if res is None else res).stride(0), HAS_RES=res is not None, BLOCK=BLOCK,
+                               num_warps=4)
     return hidden
 
 
@@ -92,8 +95,9 @@ def warm(io: Tensor, slots: Tensor, x: Tensor, out: Packed) -> None:
     """Compile both kernels outside a capture, on scratch tensors like the graph's (`slots` all -1: nothing of the
     caller's is read or written; the destination word is read, never stored to)."""
     rows_in(io, slots, torch.empty_like(x))
-    rows_out(io, slots, Packed(torch.empty_like(out.x), None if out.residual is None else
-                               torch.empty_like(out.residual), out.pack, out.lora_idx))
+    like = lambda t: None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,  # noqa: E731
+                                                                device=t.device)  # the same row strides
+    rows_out(io, slots, Packed(like(out.x), like(out.residual), out.pack, out.lora_idx))
 
 
 def addresses(x: Tensor, fixed: Tensor, n: int) -> tuple[int, int] | None:

@@ -97,12 +97,14 @@ if not INSIDE:
         for dt, vec in (("bf16", 8), ("fp16", 8), ("fp32", 4)):
             sig = {"io": "*i64", "slots": "*i32", "x": f"*{dt}", "D": "i32", "VEC": "constexpr", "BLOCK": "constexpr"}
             out_sig = {"io": "*i64", "slots": "*i32", "x": f"*{dt}", "res": f"*{dt}", "hidden": f"*{dt}", "D": "i32",
-                       "HAS_RES": "constexpr", "BLOCK": "constexpr"}
+                       "s_x": "i32", "s_r": "i32", "HAS_RES": "constexpr", "BLOCK": "constexpr"}
             for fn, s, const in ((graph_io._rows_in_kernel, sig, dict(VEC=vec, BLOCK=graph_io.BLOCK)),
                                  (graph_io._rows_out_kernel, out_sig, dict(HAS_RES=True, BLOCK=graph_io.BLOCK))):
                 names = list(s)
                 attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in s if s[n].startswith("*")}
-                attrs[(names.index("D"),)] = [["tt.divisibility", 16]]
+                for n in ("D", "s_x", "s_r"):
+                    if n in s:
+                        attrs[(names.index(n),)] = [["tt.divisibility", 16]]
                 k = triton.compile(ASTSource(fn, s, attrs=attrs, constexprs=const), target=GPUTarget("cuda", 90, 32),
                                    options={"num_warps": 4})
                 _, stack = triton_aot._resource_usage(k.asm["cubin"])
@@ -133,10 +135,10 @@ if INSIDE:
 
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
     @pytest.mark.parametrize("residual", [True, False], ids=["plain", "hc"])
-    @pytest.mark.parametrize("B,n,D", [(4, 3, 1040), (1, 1, 48), (6, 6, 64)])
-    def test_interp_rows_out(B, n, D, residual, dtype):
+    @pytest.mark.parametrize("B,n,D,stride", [(4, 3, 1040, 1040), (1, 1, 48, 48), (6, 6, 64, 64), (5, 4, 48, 80)])
+    def test_interp_rows_out(B, n, D, stride, residual, dtype):
         g = torch.Generator().manual_seed(B + D)
-        x, res = (torch.randn(B, D, generator=g).to(dtype) for _ in range(2))
+        x, res = (torch.randn(B, stride, generator=g).to(dtype)[:, :D] for _ in range(2))  # row stride `stride`
         slots = torch.tensor([r if r < n else -1 for r in range(B)], dtype=torch.int32)
         want = x + res if residual else x  # torch's add: both widened, one rounding to nearest even
         if residual and dtype == torch.bfloat16:
