@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the GPU tests, then the benchmarks, each stage under its own time limit, logs under $OUT.
 #   run(command="source bench/gpu-prelude.sh; bash bench/gpu-all.sh [stages]", carry=[".whl"])
-# stages (default: tests kernels): tests kernels lora runtime gluon conv gemm io norm; KERNELS_ONLY passes --only to
+# stages (default: tests kernels): tests kernels lora runtime gluon conv gemm io norm switches; KERNELS_ONLY passes --only to
 # bench/kernels.py, KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384 --name kernels-round2"),
 # KERNELS_LIMIT its limit (s).
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
@@ -70,6 +70,13 @@ for s in $stages; do
              mkdir -p "$OUT/g"; GDN_TRT_CONV_IN_GEMM=1 timeout 150 python bench/gemm_step.py --n 64 --out "$OUT/g" \
                --launches "64,64,64,4,4,1,0,1;64,64,128,4,4,1,0,1;64,128,64,4,8,1,0,1;64,64,64,4,4,1,0,1,1" \
                >> "$OUT/bench.log" 2>&1; rm -f "$OUT/g"/*.json; cat "$OUT/g"/*.md | tail -6 ;;
+    # the three switches written without a device in one call: their GPU tests (each with the switch on and off),
+    # then bench/switches.py (off, each alone, all on; two interleaved rounds in one process; about 4 min)
+    switches) timeout 240 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider \
+               tests/test_glue_gemm.py tests/test_decode_norm.py tests/test_graph_io.py tests/test_graphs.py \
+               tests/test_step_context.py > "$OUT/tests-switches.log" 2>&1; tail -3 "$OUT/tests-switches.log"
+             mkdir -p "$OUT/s"; timeout 330 python bench/switches.py --out "$OUT/s" >> "$OUT/bench.log" 2>&1
+             rm -f "$OUT/s"/*.json; cat "$OUT/s"/*.md | tail -60 ;;
     # the decode's gated norm in the GDN decode kernel's epilogue (plugins/glue/decode_norm.py): its GPU tests, the
     # static decode step with it off and on (two interleaved rounds), then everything written without a device on at
     # once (the conv in in_proj, the norm in the decode, the graph's io by address) against all off, `ours` and
@@ -100,6 +107,6 @@ for s in $stages; do
     gemm)    mkdir -p "$OUT/gs"; timeout 280 python bench/gemm.py --sweep --m "${GEMM_M:-1,8,64}" --deadline 200 \
                --out "$OUT/gs" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/gs"/*.png
              grep "True\|cuBLAS" "$OUT/gs"/*sweep.md | tail -30 ;;
-    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm)"; exit 2 ;;
+    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches)"; exit 2 ;;
   esac
 done

@@ -43,3 +43,25 @@ def test_runtime_bench_reports_the_host_reference(runtime_bench, monkeypatch, tm
     md = next(tmp_path.glob("*-runtime.md")).read_text()
     assert f"in {meta['host_ref_us']:.1f} us ({meta['host_ref_cpu_us']:.1f} us of CPU)" in md
     assert [(r["stack"], r["case"]) for r in rows] == [("static", "decode 1"), ("static", "decode 8")]
+
+
+def test_switches_bench_smoke_restores_the_switches(runtime_bench, monkeypatch, tmp_path):
+    """`bench/switches.py` (the A/B of the switches written without a device, one process) in CPU smoke mode: a row
+    per (configuration, N, API), `off` its own reference, and the switches back as they were after the run."""
+    from gdn_trt.plugins.glue import triton as glue_tri
+    from gdn_trt.runtime import graphs
+
+    sys.modules.pop("switches", None)
+    import switches
+
+    before = (glue_tri.TUNING, graphs.IO)
+    monkeypatch.setattr(sys, "argv", ["switches.py", "--smoke", "--rounds", "1", "--steps", "3", "--only", "off,io",
+                                      "--out", str(tmp_path)])
+    switches.main()
+    sys.modules.pop("switches", None)
+    assert (glue_tri.TUNING, graphs.IO) == before
+    rows = json.loads(next(tmp_path.glob("*-switches.json")).read_text())["rows"]
+    assert {(r["config"], r["case"], r["api"]) for r in rows} == {
+        (c, f"decode {n}", a) for c in ("off", "io") for n in (1, 8) for a in ("static", "ours")}
+    assert all(r["enqueue_vs_off"] == 1.0 for r in rows if r["config"] == "off")
+    assert all(not r["error"] and r["floor_us"] > 0 for r in rows)
