@@ -123,6 +123,12 @@ if not INSIDE:
         c, ref = triton_aot.compile_launch(fused), triton_aot.compile_launch(alone)
         assert fused.args["BV"] == alone.args["BV"] and fused.num_warps == alone.num_warps
         assert c.spill_stack == 0 and c.registers <= max(ref.registers, 64), (c.row(), ref.row())
+        # with PDL as the runtime launches it: the ticket is an acquire-release add at GPU scope behind a CTA
+        # barrier, the head's outputs are read back from L2, the counter is reset, and the dependents are released
+        ptx = triton_aot.compile_kernel(replace(fused, args=dict(fused.args, PDL=True))).asm["ptx"]
+        for op in ("bar.sync", "atom.global.gpu.acq_rel.add", "ld.global.cg", "atom.global.gpu.relaxed.exch",
+                   "griddepcontrol.wait", "griddepcontrol.launch_dependents"):
+            assert op in ptx, op
 
 if INSIDE:
     from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
