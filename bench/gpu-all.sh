@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the GPU tests, then the benchmarks, each stage under its own time limit, logs under $OUT.
 #   run(command="source bench/gpu-prelude.sh; bash bench/gpu-all.sh [stages]", carry=[".whl"])
-# stages (default: tests kernels): tests kernels lora runtime gluon conv gemm io norm switches; KERNELS_ONLY passes --only to
-# bench/kernels.py, KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384 --name kernels-round2"),
+# stages (default: tests kernels): tests kernels lora runtime gluon conv gemm io norm switches; KERNELS_ONLY passes
+# --only to bench/kernels.py, KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384 --name kernels-round2"),
 # KERNELS_LIMIT its limit (s).
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
 # and failed; bench/kernels.py writes its results when cut.
@@ -30,6 +30,15 @@ run_group() {  # run_group LIMIT CMD...
   wait "$pgid" 2>/dev/null
 }
 # the bench stages run under `timeout`, which signals only the process it started (and its own process group)
+
+# A/B of one switch: bench/runtime.py --only ONLY with VAR=0 and VAR=1, two interleaved rounds; prints the table rows
+ab() {  # ab VAR TAG ONLY
+  local var=$1 tag=$2 only=$3 r on d
+  for r in 1 2; do for on in 0 1; do d="$OUT/$tag$on$r"; mkdir -p "$d"
+    env "$var=$on" timeout 100 python bench/runtime.py --only "$only" --steps 100 --deadline 80 --out "$d" \
+      >> "$OUT/bench.log" 2>&1; rm -f "$d"/*.png "$d"/*.json
+    echo "$var=$on round $r"; grep "^| ours\|^| static" "$d"/*.md; done; done
+}
 
 stages=${*:-tests kernels}
 for s in $stages; do
@@ -59,10 +68,7 @@ for s in $stages; do
     # the decode step (bench/runtime.py's static rows, 100 steps) without it and with it, twice each, interleaved
     conv)    timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider \
                tests/test_glue_gemm.py -k "conv or layer" > "$OUT/tests-conv.log" 2>&1; tail -3 "$OUT/tests-conv.log"
-             for r in 1 2; do for on in 0 1; do mkdir -p "$OUT/c$on$r"
-               GDN_TRT_CONV_IN_GEMM=$on timeout 90 python bench/runtime.py --only static --steps 100 --deadline 70 \
-                 --out "$OUT/c$on$r" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/c$on$r"/*.png "$OUT/c$on$r"/*.json
-               echo "conv_in_gemm=$on round $r"; grep "^| static" "$OUT/c$on$r"/*.md; done; done
+             ab GDN_TRT_CONV_IN_GEMM c static
              # with it on, the fused launch at N = 64 in the step (gemm_step.py sets the table's in_proj row; the
              # fused path takes it whatever its ratio to cuBLAS, late trigger forced): the table's, wider K steps,
              # wider N-tiles, the table's with TMA tiles (row ranges, 64,16,64,8,8,1,1, spill 120 B with the
@@ -79,27 +85,18 @@ for s in $stages; do
              rm -f "$OUT/s"/*.json; cat "$OUT/s"/*.md | tail -60 ;;
     # the decode's gated norm in the GDN decode kernel's epilogue (plugins/glue/decode_norm.py): its GPU tests, the
     # static decode step with it off and on (two interleaved rounds), then everything written without a device on at
-    # once (the conv in in_proj, the norm in the decode, the graph's io by address) against all off, `ours` and
-    # `static`
+    # once (the conv in in_proj, the norm in the decode, the graph's io by address) against all off (switches.py)
     norm)    timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider \
                tests/test_decode_norm.py > "$OUT/tests-norm.log" 2>&1; tail -3 "$OUT/tests-norm.log"
-             for r in 1 2; do for on in 0 1; do mkdir -p "$OUT/n$on$r"
-               GDN_TRT_NORM_IN_DECODE=$on timeout 90 python bench/runtime.py --only static --steps 100 --deadline 70 \
-                 --out "$OUT/n$on$r" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/n$on$r"/*.png "$OUT/n$on$r"/*.json
-               echo "norm_in_decode=$on round $r"; grep "^| static" "$OUT/n$on$r"/*.md; done; done
-             for on in 0 1; do mkdir -p "$OUT/a$on"
-               GDN_TRT_CONV_IN_GEMM=$on GDN_TRT_NORM_IN_DECODE=$on GDN_TRT_GRAPH_IO=$on timeout 100 python \
-                 bench/runtime.py --only ours,static --steps 100 --deadline 80 --out "$OUT/a$on" >> "$OUT/bench.log" 2>&1
-               rm -f "$OUT/a$on"/*.png "$OUT/a$on"/*.json
-               echo "all three=$on"; grep "^| ours\|^| static" "$OUT/a$on"/*.md; done ;;
+             ab GDN_TRT_NORM_IN_DECODE n static
+             mkdir -p "$OUT/a"; timeout 150 python bench/switches.py --only off,all --out "$OUT/a" \
+               >> "$OUT/bench.log" 2>&1
+             rm -f "$OUT/a"/*.json "$OUT/a"/*.png; cat "$OUT/a"/*.md | tail -20 ;;
     # the decode graph's input and output by address (runtime/graph_io.py): its GPU tests, then `ours` (run(x) with
     # its copies) and `static` (in place) with it off and on, two interleaved rounds, and the host phases with it on
     io)      timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider tests/test_graph_io.py \
                tests/test_graphs.py tests/test_step_context.py > "$OUT/tests-io.log" 2>&1; tail -3 "$OUT/tests-io.log"
-             for r in 1 2; do for on in 0 1; do mkdir -p "$OUT/i$on$r"
-               GDN_TRT_GRAPH_IO=$on timeout 100 python bench/runtime.py --only ours,static --steps 100 --deadline 80 \
-                 --out "$OUT/i$on$r" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/i$on$r"/*.png "$OUT/i$on$r"/*.json
-               echo "graph_io=$on round $r"; grep "^| ours\|^| static" "$OUT/i$on$r"/*.md; done; done
+             ab GDN_TRT_GRAPH_IO i ours,static
              GDN_TRT_GRAPH_IO=1 timeout 100 python bench/host_profile.py --n 1,64,256 --steps 200 --top 1 \
                2>&1 | grep "^decode" ;;
     # the skinny GEMM's sweep at the M buckets of GEMM_M (default 1,8,64) with the TMA launches among the

@@ -89,6 +89,12 @@ class _Io:
         return (spec.writes is Writes.POOLS and spec.one_token_per_sequence
                 and not (adapted and self.lora is not None) and glue.conv_in_gemm(x, w))
 
+    def linear_conv(self, x: Tensor, w: Tensor, conv: ConvParams) -> Tensor:
+        """The in-projection with the conv update in its epilogue (where `conv_in_gemm` holds); the conv pool is
+        written in place."""
+        self.pools["conv"] = self.state.conv
+        return glue.linear_conv(x, w, conv, self.pack, self.state.conv)
+
     def norm_in_decode(self, x: GdnInputs) -> bool:
         """Whether the GDN decode and the output's gated norm run as one kernel (`glue.recurrent_norm`): a mode with
         one token per sequence that writes the pools (decode) and a call the fused kernel takes
@@ -96,6 +102,12 @@ class _Io:
         beside the GDN decode (bench/results/2026-12-04-gemm-step-late.md)."""
         spec = self.mode.spec
         return spec.writes is Writes.POOLS and spec.one_token_per_sequence and glue.norm_in_decode(x, self.pack)
+
+    def gdn_norm(self, x: GdnInputs, z: Tensor, w: Tensor, eps: float, act: str) -> Tensor:
+        """The GDN decode with the output's gated norm in its epilogue (where `norm_in_decode` holds); the SSM pool
+        is written in place."""
+        self.pools["ssm"] = self.state.ssm
+        return glue.recurrent_norm(x, self.pack, self.state.ssm, z, w, eps, act)
 
     def conv(self, name: str, x: Tensor, conv: ConvParams) -> Tensor:
         """The mode's conv op (`ModeSpec.conv`) on state part `name` (conv, ple_conv)."""
@@ -343,8 +355,7 @@ class GdnLayer(nn.Module):
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         conv = ConvParams(m.conv, 1, Activation.SILU)
         if fused and io.conv_in_gemm(h, m.in_proj, bool(self._by_proj[Proj.IN_PROJ])):
-            proj = glue.linear_conv(h, m.in_proj, conv, io.pack, io.state.conv)
-            io.pools["conv"] = io.state.conv
+            proj = io.linear_conv(h, m.in_proj, conv)
             qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
         else:
             proj = io.adapt(_linear(h, m.in_proj, fused), h, self._by_proj[Proj.IN_PROJ])
@@ -353,9 +364,7 @@ class GdnLayer(nn.Module):
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)
         if fused and io.norm_in_decode(x):
-            o = glue.recurrent_norm(x, io.pack, io.state.ssm, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps,
-                                    cfg.output_gate_type)
-            io.pools["ssm"] = io.state.ssm
+            o = io.gdn_norm(x, z.reshape(T, HV, V), m.norm, cfg.rms_norm_eps, cfg.output_gate_type)
         else:
             o = io.gdn(x)
             norm = glue.gated_rms_norm if fused else gated_rms_norm

@@ -84,10 +84,9 @@ def rows_out(io: Tensor, slots: Tensor, out: Packed) -> Tensor:
     """See the module docstring: the step's hidden state [B, D] (a new contiguous tensor for plain models, out.x for
     hc). x and the residual may have any row stride (a layer's output can be a view); along a row, unit stride."""
     x, res = (t if t is None or t.stride(1) == 1 else t.contiguous() for t in (out.x, out.residual))
-    hidden = x if res is None else x.new_empty(x.shape)
-    _rows_out_kernel[_grid(x)](io, slots, x, x if res is None else res, hidden, x.shape[1], x.stride(0),
-                               (x if res is None else res).stride(0), HAS_RES=res is not None, BLOCK=BLOCK,
-                               num_warps=4)
+    hidden, r = (x, x) if res is None else (x.new_empty(x.shape), res)
+    _rows_out_kernel[_grid(x)](io, slots, x, r, hidden, x.shape[1], x.stride(0), r.stride(0),
+                               HAS_RES=res is not None, BLOCK=BLOCK, num_warps=4)
     return hidden
 
 
@@ -95,9 +94,12 @@ def warm(io: Tensor, slots: Tensor, x: Tensor, out: Packed) -> None:
     """Compile both kernels outside a capture, on scratch tensors like the graph's (`slots` all -1: nothing of the
     caller's is read or written; the destination word is read, never stored to)."""
     rows_in(io, slots, torch.empty_like(x))
-    like = lambda t: None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,  # noqa: E731
-                                                                device=t.device)  # the same row strides
-    rows_out(io, slots, Packed(like(out.x), like(out.residual), out.pack, out.lora_idx))
+    rows_out(io, slots, Packed(_like(out.x), _like(out.residual), out.pack, out.lora_idx))
+
+
+def _like(t: Tensor | None) -> Tensor | None:
+    """Scratch with t's shape and strides (the kernels compile per stride divisibility)."""
+    return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
 def addresses(x: Tensor, fixed: Tensor, n: int) -> tuple[int, int] | None:

@@ -179,6 +179,29 @@ def reference(name: str, args: tuple):
     return out if isinstance(out, tuple) else (out,)
 
 
+def check_fused_choice(monkeypatch, layer: GdnLayer, gate: str, entry: str, taken) -> None:
+    """A layer's choice of a fused entry of `glue.op`: every LayerMode step, with and without LoRA, run with the
+    entry's own test (`op.<gate>`) forced false and then true (on the CPU the entry runs its float64 reference).
+    The entry `op.<entry>` ran exactly where taken(mode, lora) says, and output and every buffer are bit for bit
+    those of the unfused run."""
+    from gdn_trt.plugins.glue import op
+
+    calls = []
+    fused = getattr(op, entry)
+    monkeypatch.setattr(op, entry, lambda *a: calls.append(1) or fused(*a))
+    for mode in LayerMode:
+        for lora in (False, True):
+            monkeypatch.setattr(op, gate, lambda *a: False)
+            want = run_step(layer, mode, True, lora=lora)
+            monkeypatch.setattr(op, gate, lambda *a: True)
+            calls.clear()
+            got = run_step(layer, mode, True, lora=lora)
+            where = (layer.cfg.name, mode.value, lora)
+            assert bool(calls) == taken(mode, lora), where
+            assert torch.equal(want.x, got.x) and want.buffers.keys() == got.buffers.keys(), where
+            for k in want.buffers:
+                assert torch.equal(want.buffers[k], got.buffers[k]), (*where, k)
+
 def decode_eager_and_replayed(layer: GdnLayer, x: torch.Tensor, residual: torch.Tensor | None,
                               ple_rows: torch.Tensor | None) -> tuple:
     """DECODE_MULTI_SEQ of 4 sequences (slots 0, 2, padding, 1 of a 3-slot pool of random state) on CUDA: run eagerly,

@@ -79,29 +79,14 @@ def test_layer_takes_the_fused_norm_in_decode_modes_only(monkeypatch):
     the CPU so that `glue.recurrent_norm` runs its float64 reference: taken in the two one-token decode modes, with
     or without LoRA (the norm has no LoRA site), and there equal bit for bit to the GDN op and the gated norm
     (output and every buffer); not taken in the other modes."""
-    from gdn_trt.model.modes import LayerMode, Writes
-    from gdn_trt.plugins.glue import op as glue
+    from gdn_trt.model.modes import Writes
 
-    from .glue_support import make_layer, run_step
+    from .glue_support import check_fused_choice, make_layer
 
-    calls = []
-    fused = glue.recurrent_norm
-    monkeypatch.setattr(glue, "recurrent_norm", lambda *a: calls.append(1) or fused(*a))
     for name in ("tiny-next", "tiny-4exp"):
         layer = make_layer(name, 1 if name == "tiny-4exp" else 0, torch.float64)
-        for mode in LayerMode:
-            for lora in (False, True):
-                monkeypatch.setattr(glue, "norm_in_decode", lambda x, pack: False)
-                want = run_step(layer, mode, True, lora=lora)
-                monkeypatch.setattr(glue, "norm_in_decode", lambda x, pack: True)
-                calls.clear()
-                got = run_step(layer, mode, True, lora=lora)
-                taken = mode.spec.one_token_per_sequence and mode.spec.writes is Writes.POOLS
-                assert bool(calls) == taken, (name, mode.value, lora)
-                assert torch.equal(want.x, got.x) and want.buffers.keys() == got.buffers.keys(), (name, mode.value)
-                for k in want.buffers:
-                    assert torch.equal(want.buffers[k], got.buffers[k]), (name, mode.value, lora, k)
-
+        check_fused_choice(monkeypatch, layer, "norm_in_decode", "recurrent_norm", lambda mode, lora: (
+            mode.spec.one_token_per_sequence and mode.spec.writes is Writes.POOLS))
 
 if not INSIDE:
     def test_interpreter():

@@ -162,27 +162,14 @@ if not INSIDE:
         there equal bit for bit to the projection and the conv op (output and every buffer), not taken in the other
         modes nor with LoRA updates on in_proj (then the LoRA update must apply to the projection)."""
         from gdn_trt.model.lora import Proj
-        from gdn_trt.model.modes import LayerMode, Writes
+        from gdn_trt.model.modes import Writes
 
-        from .glue_support import make_layer, run_step
+        from .glue_support import check_fused_choice, make_layer
 
         layer = make_layer("tiny-next", 0, torch.float64)
         assert layer._by_proj[Proj.IN_PROJ], "the preset's layer has no LoRA site on in_proj"
-        calls = []
-        fused = glue.linear_conv
-        monkeypatch.setattr(glue, "linear_conv", lambda *a: calls.append(1) or fused(*a))
-        for mode in LayerMode:
-            for lora in (False, True):
-                monkeypatch.setattr(glue, "conv_in_gemm", lambda x, w: False)
-                want = run_step(layer, mode, True, lora=lora)
-                monkeypatch.setattr(glue, "conv_in_gemm", lambda x, w: True)
-                calls.clear()
-                got = run_step(layer, mode, True, lora=lora)
-                taken = mode.spec.one_token_per_sequence and mode.spec.writes is Writes.POOLS and not lora
-                assert bool(calls) == taken, (mode.value, lora)
-                assert torch.equal(want.x, got.x) and want.buffers.keys() == got.buffers.keys(), (mode.value, lora)
-                for k in want.buffers:
-                    assert torch.equal(want.buffers[k], got.buffers[k]), (mode.value, lora, k)
+        check_fused_choice(monkeypatch, layer, "conv_in_gemm", "linear_conv", lambda mode, lora: (
+            mode.spec.one_token_per_sequence and mode.spec.writes is Writes.POOLS and not lora))
 
     @pytest.mark.parametrize("conv", [False, True], ids=["plain", "conv"])
     def test_tma_launches_compile_for_sm90(conv):

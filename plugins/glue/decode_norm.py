@@ -135,15 +135,24 @@ def _counters(device: torch.device, n: int) -> Tensor:
     return hit
 
 
-def takes(x: GdnInputs, pack: Packing) -> bool:
-    """Whether the recurrent kernel would run this call in the form this kernel has (one tile, no sub-tiles, TMA,
-    prefetch ahead or persistent grid): otherwise `op.recurrent_norm` runs the two kernels."""
+def _form(x: GdnInputs, pack: Packing) -> tuple[int, int, bool] | None:
+    """(V-tile, warps, few-sequence tiling) of the recurrent kernel's launch for this call
+    (`gated_delta_rule.triton._rec_tiling`), or None where that launch takes a form this kernel does not have
+    (sub-tiles, TMA, prefetch ahead or the persistent grid)."""
     t = gdn_tri.TUNING
     HV, V = x.v.shape[1:]
     few = gdn_tri._rec_few(t, V, HV * pack.num_seqs)
-    BV = gdn_tri._rec_tiling(t, V, HV * pack.num_seqs)[0]
-    return not ((t.rec_tma_few if few else t.rec_tma) or (0 < t.rec_sub < BV) or (t.rec_persist > 0 and not few)
-                or (t.rec_ahead and not few))
+    BV, warps = gdn_tri._rec_tiling(t, V, HV * pack.num_seqs)
+    if (t.rec_tma_few if few else t.rec_tma) or (0 < t.rec_sub < BV) or (t.rec_persist > 0 and not few) \
+            or (t.rec_ahead and not few):
+        return None
+    return BV, warps, few
+
+
+def takes(x: GdnInputs, pack: Packing) -> bool:
+    """Whether this kernel has the form of the recurrent kernel's launch for this call: otherwise
+    `op.recurrent_norm` runs the two kernels."""
+    return _form(x, pack) is not None
 
 
 def launch(x: GdnInputs, pack: Packing, ssm_pool: Tensor, z: Tensor, w: Tensor, eps: float, act: str) -> Tensor:
@@ -159,8 +168,7 @@ def launch(x: GdnInputs, pack: Packing, ssm_pool: Tensor, z: Tensor, w: Tensor, 
     y = gdn_tri._new((T, HV, V), q.dtype, q.device)
     if N == 0 or T == 0:
         return y
-    BV, warps = gdn_tri._rec_tiling(t, V, HV * N)
-    few = gdn_tri._rec_few(t, V, HV * N)
+    BV, warps, few = _form(x, pack)
     strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *a.stride(), *b.stride())
     decode_norm_kernel[(triton.cdiv(V, BV), HV, N)](
         q, k, v, a, b, x.A_log, x.dt_bias, o, ssm_pool, pack.cu_seqlens, pack.slots, *strides, K ** -0.5,

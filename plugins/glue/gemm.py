@@ -353,6 +353,7 @@ def _conv_store(acc, p_y, m_y, o_n, o_m, m_n, m_m, cw, pool, slots, D: tl.conste
     tl.store(row + 2 * D, b_x.to(pool.dtype.element_ty), mask=live)
     tl.store(p_y, tl.where((slot >= 0)[None, :], b_y, 0.0).to(dt), mask=m_y & (o_n < D)[:, None])
 
+
 def launch(x: Tensor, w: Tensor, cfg: Config, conv: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
     """x [M, K] (unit stride along K), w [N, K] contiguous -> y [M, N] in x's dtype, with launch `cfg`.
     conv = (weight [D, 4], pool [S, 3, D], slots int32 [M]), all contiguous, D <= N: the columns below D leave

@@ -39,11 +39,11 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import pdl
+from ..causal_conv1d.io import ConvParams
 from ..gated_delta_rule.io import GdnInputs
+from ..packing import Packing
 from . import decode_norm
 from .decode_norm import gated_rows
-from ..causal_conv1d.io import ConvParams
-from ..packing import Packing
 from . import gemm  # noqa: F401 (op.linear asks gemm.dispatched)
 from .gemm import linear  # noqa: F401 (the Triton entry of naive.linear)
 from .io import PleNorms
