@@ -1,6 +1,7 @@
 """Where the host time of a decode step goes, on the machine that runs it (the H200's host for the real figure).
 
     python bench/host_profile.py [--n 1,256] [--steps 300] [--top 25] [--smoke]
+    python bench/host_profile.py --eager "verify 64x4,prefill 4096" [--steps 30] [--top 25] [--smoke]
 
 The `ours` stack of `bench/runtime.py` (4 Qwen3-Next GDN layers, bf16, CUDA graphs): per N, every step started on
 an idle GPU, the three phases of the batched API timed apart (open: `begin_step`, the request check, index copy and
@@ -8,6 +9,13 @@ PLE staging; run: `step.run`, the graph replay; close: the commit), medians in u
 and output in place (`step.input()`, `run(..., copy=False)`); then cProfile over back-to-back steps, the functions
 by own time; and the step's CUDA calls alone (`bare`: the graph replay, an event record). Prints only: the figures
 go into the closing notes of the issue they serve.
+
+`--eager CASES` (bench/runtime.py's case names) profiles steps that run without a graph instead: on the H200 the
+eager verify 64 x 4 took 3.3 ms of host enqueue against 0.96 ms of device time, and the prefill of 4096 tokens 5.7
+against 2.8 ms (2026-12-04-runtime-twelfth.md), which a dozen launches a layer do not explain. Per case: the
+phases (open, run, close and, for verify, the accept) of steps started on an idle GPU; every call that made the host
+wait for the GPU during one step (`torch.cuda.set_sync_debug_mode`, with the runtime's frames of each); the
+allocator's device allocations (`cudaMalloc` segments) over the timed steps; then cProfile as above.
 """
 
 from __future__ import annotations
@@ -18,6 +26,9 @@ import io
 import pstats
 import statistics
 import time
+import traceback
+import warnings
+from pathlib import Path
 
 import runtime as rb  # bench/runtime.py: the same session, stack and inputs
 
@@ -99,16 +110,111 @@ def hot(o: "rb.Ours", n: int, steps: int, top: int) -> str:
     return buf.getvalue()
 
 
+def eager_phases(o: "rb.Ours", case: str, steps: int) -> dict[str, float]:
+    """Medians (us) of a step of `case` started on an idle GPU, by phase; `accept` (verify) takes no draft, as
+    bench/runtime.py's step does."""
+    kind, lengths = rb.CASES[case]
+    s, seqs = o.sess, o.seqs[:len(lengths)]
+    x = rb.torch.randn(sum(lengths), o.cfg.stream_dim, device=rb.DEV).to(s.dtype)
+    L = rb.np.array(lengths)
+    out = {"open": [], "run": [], "close": [], "accept": [], "whole": []}
+    for k in range(steps + 2):
+        rb.sync()
+        t0 = time.perf_counter()
+        st = s.begin_step(seqs, kind, None if kind == "decode" else L)
+        st.__enter__()
+        t1 = time.perf_counter()
+        st.run(x)
+        t2 = time.perf_counter()
+        st.__exit__(None, None, None)
+        t3 = time.perf_counter()
+        if kind == "verify":
+            s.accept_batch(seqs, rb.np.zeros(len(lengths), dtype=rb.np.int64))
+        t4 = time.perf_counter()
+        if k >= 2:  # the first steps compile and warm
+            for name, v in (("open", t1 - t0), ("run", t2 - t1), ("close", t3 - t2), ("accept", t4 - t3),
+                            ("whole", t4 - t0)):
+                out[name].append(v * 1e6)
+    rb.sync()
+    return {k: statistics.median(v) for k, v in out.items() if kind == "verify" or k != "accept"}
+
+
+def waits(fn) -> list[str]:
+    """The calls of one `fn()` that made the host wait for the GPU (torch's sync debug mode), each with its innermost
+    frames of this repository: where an eager step is serialised behind the device."""
+    found: list[str] = []
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "gdn_trt" in f.filename or "/bench/" in f.filename]
+        found.append(f"{message} <- " + " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                                                    for f in reversed(frames[-4:])))
+
+    torch = rb.torch
+    if rb.DEV != "cuda":
+        return found
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        old, warnings.showwarning = warnings.showwarning, note
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = old
+    rb.sync()
+    return found
+
+
+def segments(fn, steps: int) -> int:
+    """Device allocations (`cudaMalloc`, each a device-wide sync) the caching allocator made over `steps` calls."""
+    if rb.DEV != "cuda":
+        return 0
+    key = "segment.all.allocated"
+    before = rb.torch.cuda.memory_stats().get(key, 0)
+    for _ in range(steps):
+        fn()
+    rb.sync()
+    return rb.torch.cuda.memory_stats().get(key, 0) - before
+
+
+def eager(o: "rb.Ours", case: str, steps: int, top: int) -> None:
+    kind, lengths = rb.CASES[case]
+    p = eager_phases(o, case, steps)
+    print(f"{case}: " + "  ".join(f"{k} {v:.1f} us" for k, v in p.items()), flush=True)
+    fn = o.step_fn(kind, lengths)
+    for _ in range(3):
+        fn()
+    rb.sync()
+    found = waits(fn)
+    print(f"{case}: {len(found)} host waits for the GPU in one step" + "".join(f"\n  {w}" for w in found[:12]),
+          flush=True)
+    print(f"{case}: {segments(fn, steps)} device allocations over {steps} steps", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        fn()
+    prof.disable()
+    rb.sync()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    print(buf.getvalue(), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", default="1,256")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--eager", default="", help="comma-separated bench/runtime.py cases to profile eagerly instead")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks this script only")
     args = ap.parse_args()
     if args.smoke:
         rb.DEV = "cpu"
     o = rb.Ours(rb.configs(args.smoke)["ours"])
+    if args.eager:
+        for case in args.eager.split(","):
+            eager(o, case.strip(), args.steps, args.top)
+        return
     for n in (int(v) for v in args.n.split(",")):
         for static in (False, True):
             p = phases(o, n, args.steps, static)

@@ -65,3 +65,22 @@ def test_switches_bench_smoke_restores_the_switches(runtime_bench, monkeypatch, 
         (c, f"decode {n}", a) for c in ("off", "io") for n in (1, 8) for a in ("static", "ours")}
     assert all(r["enqueue_vs_off"] == 1.0 for r in rows if r["config"] == "off")
     assert all(not r["error"] and r["floor_us"] > 0 for r in rows)
+
+
+def test_host_profile_eager_phases_smoke(runtime_bench):
+    """`bench/host_profile.py --eager` in CPU smoke mode: the phases of an eager verify (with its accept) and of a
+    prefill, each a positive time, the whole at least the sum of its parts."""
+    sys.modules.pop("host_profile", None)
+    import host_profile
+
+    host_profile.rb.DEV = "cpu"
+    try:
+        o = host_profile.rb.Ours(host_profile.rb.configs(True)["ours"])
+        cases = (("verify 64x4", ("open", "run", "close", "accept")), ("prefill 4096", ("open", "run", "close")))
+        for case, parts in cases:
+            p = host_profile.eager_phases(o, case, 1)
+            assert tuple(p) == (*parts, "whole") and all(v > 0 for v in p.values())
+            assert p["whole"] >= sum(p[k] for k in parts) * 0.999
+        assert host_profile.waits(lambda: None) == [] and host_profile.segments(lambda: None, 2) == 0
+    finally:
+        sys.modules.pop("host_profile", None)
