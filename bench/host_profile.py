@@ -94,8 +94,8 @@ def bare(o: "rb.Ours", n: int, steps: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def hot(o: "rb.Ours", n: int, steps: int, top: int) -> str:
-    fn = o.step_fn("decode", [1] * n)
+def hot(fn, steps: int, top: int) -> str:
+    """cProfile of `steps` calls of the step function `fn` after a warm-up: the functions by own time."""
     for _ in range(5):
         fn()
     rb.sync()
@@ -189,15 +189,7 @@ def eager(o: "rb.Ours", case: str, steps: int, top: int) -> None:
     print(f"{case}: {len(found)} host waits for the GPU in one step" + "".join(f"\n  {w}" for w in found[:12]),
           flush=True)
     print(f"{case}: {segments(fn, steps)} device allocations over {steps} steps", flush=True)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(steps):
-        fn()
-    prof.disable()
-    rb.sync()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
-    print(buf.getvalue(), flush=True)
+    print(hot(fn, steps, top), flush=True)
 
 
 def main() -> None:
@@ -228,7 +220,7 @@ def main() -> None:
                   flush=True)
             print(f"decode N={n} bare: " + "  ".join(f"{k} {v:.1f} us" for k, v in bare(o, n, args.steps).items()),
                   flush=True)
-        print(hot(o, n, args.steps, args.top), flush=True)
+        print(hot(o.step_fn("decode", [1] * n), args.steps, args.top), flush=True)
 
 
 if __name__ == "__main__":
