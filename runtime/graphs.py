@@ -247,10 +247,11 @@ class GraphCache:
             src = (0, 0)
         fixed.dirty = n  # the replay zeroes the rows past n
         hidden = entry.segments[0].hidden
-        out = hidden.new_empty((n, hidden.shape[1])) if copy and entry.gated else None
+        # the gate's step always copies out, so that rows_out's store to the caller's rows is compared too
+        out = hidden.new_empty((n, hidden.shape[1])) if copy or not entry.gated else None
         self.pack.send_io(src[0], src[1], 0 if out is None else out.data_ptr())
         if not entry.gated:
-            return self._gate(key, entry, ctx, entry.pack.slots[:n])
+            return self._gate(key, entry, ctx, entry.pack.slots[:n], x if src[0] else None, out)
         entry.segments[0].graph.replay()
         self.stats.replays += 1
         if out is not None:
@@ -282,17 +283,26 @@ class GraphCache:
         return Stack.hidden(self.stack.run(entry.mode, engines, Packed(entry.x, entry.residual, entry.pack,
                                                                         entry.lora_idx), ctx))
 
-    def _gate(self, key: tuple, entry: _Entry, ctx: StepContext, slots: Tensor) -> Tensor:
-        """First use: replay, put the written rows back, run eagerly on the same inputs, compare bit for bit."""
+    def _gate(self, key: tuple, entry: _Entry, ctx: StepContext, slots: Tensor, x: Tensor | None = None,
+              out: Tensor | None = None) -> Tensor:
+        """First use: replay, put the written rows back, run eagerly on the same inputs, compare bit for bit. An io
+        entry's replay read x by address (`x`: None when it was in place) and also wrote `out`: the eager run reads x
+        as torch copies it, not as the graph's rows_in did, and `out` must equal its output too, so both io kernels
+        are under the gate."""
         idx = slots.to(torch.int64)
+        n = idx.numel()
         before = self._rows(idx)
-        got = self._replay(entry, ctx)[: idx.numel()].clone()
+        got = self._replay(entry, ctx)[:n].clone()
         after_graph = self._rows(idx)
         self._put(idx, before)
-        want = self._eager(entry, ctx)[: idx.numel()].clone()
+        if x is not None:
+            entry.x[:n].copy_(x)
+            entry.x[n:].zero_()
+        want = self._eager(entry, ctx)[:n].clone()
         after_eager = self._rows(idx)
         name = f"{entry.mode.value} bucket {entry.bucket}"
-        same = torch.equal(got, want) and all(torch.equal(a, b) for a, b in zip(after_graph, after_eager))
+        same = torch.equal(got, want) and all(torch.equal(a, b) for a, b in zip(after_graph, after_eager)) and \
+            (out is None or torch.equal(out, want))
         if same:
             entry.gated = True
             self.stats.captured.append(name)
@@ -302,6 +312,8 @@ class GraphCache:
             return got
         diff = (got.double() - want.double()).abs().max().item()
         reason = f"replay differs from eager (max |output diff| {diff:.3e})"
+        if out is not None and torch.equal(got, want) and not torch.equal(out, want):
+            reason = "the replay's copy of its output to the caller's rows differs from its output"
         self.stats.gate_failures.append(f"{name}: {reason}")
         self.selector.fail_bucket(entry.mode, entry.bucket, reason)
         self.selector.say(f"{name} failed its acceptance gate, runs eagerly from now on: {reason}", logging.WARNING)

@@ -118,6 +118,11 @@ def _basic_index(slots: np.ndarray) -> int | slice | np.ndarray:
     return slots
 
 
+def _capturing(x: Tensor) -> bool:
+    """Whether the host is capturing the current stream into its own CUDA graph (layer calls are then recorded)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def open_step(parts: StepParts, spec: StepSpec) -> "Step":
     """Bind, pack and stage a checked step (see the module docstring)."""
     last = parts.last
@@ -297,17 +302,28 @@ class Step:
         """Every GDN layer in turn on x [tokens, stream_dim] (a stack of GDN layers only: nothing of the host's
         runs between them) -> the hidden state after the last layer (plain: its residual added; hc: the streams).
         A decode group replays its CUDA graph where it has one; `copy=False` then returns rows of the graph's fixed
-        output instead of a copy (valid until the session's next step runs: one launch less per step)."""
+        output instead of a copy (valid until the session's next step runs: one launch less per step). Under the
+        host's own CUDA-graph capture the layers are recorded as `layer` records them (a layer with a capture veto
+        is refused, and `replayed()` serves the later steps), never through the runtime's graph: neither a replay
+        nor the io words it reads by address belong inside another graph."""
         self._turn(self._layers[0] if self._layers else -1)
         self._check_x(x, self._p.cfg.stream_dim, allow_pad=False)
+        capturing = _capturing(x)
+        if capturing:
+            for b in self._binds:
+                for eng in b.part.group.engines:
+                    why = eng.capture_veto(b.part.group.mode)
+                    if why is not None:
+                        raise StepError(f"layer {eng.layer_idx} cannot be captured in a CUDA graph: {why}")
         self._ran = True
+        self._captured = self._captured or capturing
         if len(self._binds) == 1:
-            out = self._run_group(self._binds[0], x, copy)
+            out = self._run_group(self._binds[0], x, copy, capturing)
             self._next = len(self._layers)
             return out
         outs = []
         for b in self._binds:
-            outs.append(self._run_group(b, x[b.part.t0:b.part.t1], copy))
+            outs.append(self._run_group(b, x[b.part.t0:b.part.t1], copy, capturing))
         self._next = len(self._layers)
         return torch.cat(outs)
 
@@ -422,7 +438,7 @@ class Step:
                                  f"{getattr(residual, 'shape', type(residual).__name__)}")
         elif part == "layer" and not cfg.is_hc:
             residual = self._zero_rows(x.shape[0])
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        capturing = _capturing(x)
         engines = [self._engine(b, k, part, capturing) for b in self._binds]
         self._ran = True
         self._captured = self._captured or capturing
@@ -453,14 +469,18 @@ class Step:
         """A zero residual for the first add of a plain layer called with the hidden state (never written)."""
         return self._p.stack.zeros(rows)
 
-    def _run_group(self, b: _Bound, x: Tensor, copy: bool) -> Tensor:
+    def _run_group(self, b: _Bound, x: Tensor, copy: bool, capturing: bool) -> Tensor:
         p, g = self._p, b.part.group
-        if b.graph is not None:
+        n = x.shape[0]
+        if b.graph is not None and not capturing:
             out = p.graphs.run(g, Packed(x, None, b.pack_pad, b.lora_pad), b.ctx_pad, copy)
             if out is not None:
                 return out
+        if capturing and n != b.rows:  # a host's capture covers the bucket, as its padded layer calls do
+            x = torch.cat([x, x.new_zeros((b.rows - n, x.shape[1]))])
         inp, ctx = b.inputs(x, None if p.cfg.is_hc else self._zero_rows(x.shape[0]))
-        return Stack.hidden(p.stack.run(g.mode, g.engines, inp, ctx))
+        out = Stack.hidden(p.stack.run(g.mode, g.engines, inp, ctx))
+        return out if out.shape[0] == n else out[:n]
 
     def _commit(self) -> None:
         p, spec = self._p, self._spec

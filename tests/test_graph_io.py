@@ -6,7 +6,8 @@ Interpreter (rerun of this file with TRITON_INTERPRET=1): both kernels against t
 (a copy and one rounded add have one right answer), rows split over two column programs with a masked tail, padding
 rows zeroed, the caller's rows outside the step (poisoned with NaN) untouched, a zero address writing nothing; and
 `GraphCache._run_io`'s host path over a stand-in graph that launches what the capture records (outputs, the words
-it sends, which buffer it returns, the padding rows zeroed).
+it sends, which buffer it returns, the padding rows zeroed), and its acceptance gate failing a stand-in whose rows_in
+or copy-out is wrong.
 sm_90: both kernels compile without spills and move rows in 16-byte vectors. GPU (marked gpu): a session with the
 kernels against one without, bit for bit over fresh, strided, misaligned and in-place inputs, copied and in-place
 outputs, buckets with padding; the other GPU tests of the runtime run with them on too (tests/test_graphs.py,
@@ -217,6 +218,73 @@ if INSIDE:
             else:
                 assert dst == 0 and got.data_ptr() == graph.hidden.data_ptr() and got.shape == (n, D), step
         assert gc.stats.replays == 5
+
+
+    class _WrongIn(_Launches):
+        """A rows_in that brings x in wrong (row 0 off by one): the replay and any eager run on what it wrote agree."""
+
+        def replay(self) -> None:
+            graph_io.rows_in(self.io, self.slots, self.x)
+            self.x[0] += 1
+            out = Packed(self.x * 2, self.x + 1, None, None)
+            self.hidden.copy_(graph_io.rows_out(self.io, self.slots, out))
+
+    class _WrongOut(_Launches):
+        """A rows_out whose copy to the caller's rows differs from the fixed output it also writes."""
+
+        def replay(self) -> None:
+            super().replay()
+            graph_io.rows_out(self.io, self.slots, Packed(self.x * 3, self.x + 1, None, None))
+
+    class _Selector:
+        def __init__(self):
+            self.failed = []
+
+        def fail_bucket(self, mode, bucket, reason):
+            self.failed.append(reason)
+
+        def say(self, *args) -> None:
+            pass
+
+    @pytest.mark.parametrize("graph_cls", [_Launches, _WrongIn, _WrongOut])
+    @pytest.mark.parametrize("how", ["fresh", "in place"])
+    def test_interp_gate_covers_both_io_kernels(graph_cls, how):
+        """The acceptance gate of an io entry (its first step, `_run_io` with the entry not yet gated) over the
+        stand-in graph: right kernels pass it and return the stub layer on x; a rows_in that brings x in wrong, or a
+        copy-out that differs from the output, fails it (the eager reference reads x as torch copies it, and the
+        copy-out is compared), and the failed step returns the eager result. In place, rows_in reads nothing: the
+        wrong-in stand-in's fault is then in the caller's rows themselves, which the eager run reads too."""
+        from gdn_trt.model.modes import LayerMode
+        from gdn_trt.plugins.packing import Packing
+        from gdn_trt.runtime import graphs
+        from gdn_trt.runtime.stats import GraphStats
+
+        B, D, n = 4, 48, 3
+        pk = PackBuffers(8, 16, torch.device("cpu"))
+        sel = _Selector()
+        gc = graphs.GraphCache(None, sel, GraphStats(), None, pk)
+        gc._rows, gc._put = (lambda idx: []), (lambda idx, saved: None)  # no pool: the stub layer writes no state
+        gc._eager = lambda entry, ctx: entry.x * 2 + (entry.x + 1)
+        fixed = graphs._Input(torch.zeros(B, D))
+        slots = pk.view("slots", 0, B)
+        graph = graph_cls(pk.io, slots, fixed.x)
+        seg = graphs._Segment((), True, None, None, graph, graph.hidden)
+        entry = graphs._Entry(LayerMode.DECODE_MULTI_SEQ, B, fixed, None, Packing(pk.cu_decode[:B + 1], slots),
+                              None, [seg], io=True)
+        gc._entries["k"] = entry
+        pk.host()[:B] = [5, 1, 3, -1]
+        pk.send(B)
+        want = torch.randn(n, D, generator=torch.Generator().manual_seed(2))
+        x = want.clone() if how == "fresh" else fixed.x[:n].copy_(want)
+        got = gc._run_io("k", entry, x, n, None, copy=False)
+        ok = graph_cls is _Launches or (graph_cls is _WrongIn and how == "in place")
+        assert entry.gated == ok and ("k" in gc._entries) == ok and len(sel.failed) == (not ok)
+        if graph_cls is _WrongOut:
+            assert sel.failed == ["the replay's copy of its output to the caller's rows differs from its output"]
+        elif graph_cls is _WrongIn and how == "fresh":
+            assert sel.failed[0].startswith("replay differs from eager")
+        base = x if graph_cls is not _WrongIn or how == "fresh" else fixed.x[:n]
+        assert torch.equal(got, base * 2 + (base + 1))
 
 
 @pytest.mark.gpu

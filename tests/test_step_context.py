@@ -195,6 +195,56 @@ def test_padded_layer_calls(name, limits, how, tmp_path):
         assert_close(f"output {k}", w, g, TOL)
 
 
+def test_run_under_a_host_capture_records_the_padded_layers(tmp_path, monkeypatch):
+    """`step.run` while the host captures its own CUDA graph (stood in for on the CPU by `steps._capturing`, the
+    engines' device veto lifted): the runtime's graph is never used (neither its replay nor its io words belong in
+    the host's graph), the layers run on the rows padded to the bucket, as a host's padded layer calls do (equal to
+    them bit for bit, zero padding), the step counts as a host capture of its bucket, and a layer with a capture
+    veto refuses the call before anything runs."""
+    from gdn_trt.runtime import steps
+
+    sessions = [_twins(PLAIN, LIMITS, tmp_path, pad=True)[1] for _ in range(2)]
+    h, _ = inputs(sessions[0], 8, seed=5)
+    seqs = []
+    for s in sessions:
+        seqs = np.array([s.add_sequence(), s.add_sequence()])
+        s.prefill_batch({int(seqs[0]): Prompt(h[:3]), int(seqs[1]): Prompt(h[3:5])})
+    cap, ref = sessions
+    capturing = [False]
+    monkeypatch.setattr(steps, "_capturing", lambda x: capturing[0])
+
+    def no_graph(*a, **k):
+        raise AssertionError("the runtime's graph ran under a host capture")
+
+    monkeypatch.setattr(cap.graphs, "run", no_graph)
+    vetoes = [(e, e.capture_veto) for c in cap.selector.engines for e in c]
+    for e, _ in vetoes:
+        e.capture_veto = lambda mode: None
+    for t in range(5, 8):
+        x = h[t:t + 1].expand(2, -1).contiguous()
+        with cap.begin_step(seqs, "decode") as st:
+            assert st.bucket == 3
+            capturing[0] = True
+            got = st.run(x)
+            capturing[0] = False
+        with ref.begin_step(seqs, "decode") as st:
+            y = torch.cat([x, torch.zeros(1, x.shape[1])])
+            for i in ref.cfg.gdn_layer_ids:
+                y = st.layer(i, y)
+        assert got.shape == x.shape and torch.equal(got, y[:2]), t
+    assert fingerprint(cap) == fingerprint(ref)
+    assert cap.stats().graphs.host_captures == ["decode_multi_seq rows 3"]
+    vetoes[1][0].capture_veto = vetoes[1][1]  # the CPU engine's own veto on one layer
+    before = fingerprint(cap)
+    st = cap.begin_step(seqs, "decode")
+    capturing[0] = True
+    with pytest.raises(StepError, match=f"layer {vetoes[1][0].layer_idx} cannot be captured in a CUDA graph"):
+        st.run(h[:2])
+    capturing[0] = False
+    st.abort()
+    assert fingerprint(cap) == before and cap.position(int(seqs[0])) == ref.position(int(seqs[0]))
+
+
 # ---- refusals: each raises and changes nothing ----
 
 @pytest.fixture
