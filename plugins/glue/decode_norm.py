@@ -16,7 +16,8 @@ back (from L2: `.cg`), computes y = (w * RMSNorm(o)) * act(z) as `gated_norm_ker
 differ), writes it and sets the counter back to 0 for the next launch or graph replay. Padding sequences (slot -1)
 write zero rows of o and y. The counters are allocated once per (device, sequences x heads) and kept (a captured
 graph holds their address), like the split-K GEMM's (`gemm._workspace`): the first launch of a geometry must be
-eager.
+eager, and launches of one geometry must be ordered on one stream, as a session's are (two streams running the same
+sequences x heads at once would mix their tickets).
 
 PDL (plugins/pdl.py): the kernel waits where the recurrent kernel enters, but lets the next kernel (out_proj) launch
 only after its state store, not at its start: out_proj's programs would otherwise hold SM slots through the whole

@@ -366,6 +366,8 @@ def launch(x: Tensor, w: Tensor, cfg: Config, conv: tuple[Tensor, Tensor, Tensor
     if M == 0 or N == 0:
         return y
     if K == 0:
+        if conv is not None:  # the conv update would be skipped and the pool left behind: no such projection exists
+            raise ValueError("a projection with the conv in its epilogue needs K >= 1")
         return y.zero_()
     bm = _bm(cfg, M)
     k_slice = triton.cdiv(triton.cdiv(K, cfg.split), cfg.bk) * cfg.bk  # whole BK steps; only the last may be short

@@ -162,7 +162,10 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
 def conv_in_gemm(x: Tensor, w: Tensor) -> bool:
     """Whether `linear_conv(x, w, ...)` runs as one launch (the skinny GEMM takes the call and
     `triton.Tuning.conv_in_gemm` is on); the layer calls it only then, and the projection and the conv kernel
-    separately otherwise."""
+    separately otherwise. Not only where `gemm.dispatched`: at M = 33..64 on in_proj the table's launch trails cuBLAS
+    (16.9 against 16.0 us), which the saved conv launch may repay, so the fused layer's projection there is the
+    skinny GEMM's where the unfused one's is cuBLAS's (equal within the GEMM's rounding, not bit for bit); the A/B of
+    the whole step (bench/switches.py) decides."""
     return _skinny(x, w) and _impl(x).TUNING.conv_in_gemm
 
 
