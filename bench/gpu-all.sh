@@ -104,10 +104,13 @@ for s in $stages; do
     gemm)    mkdir -p "$OUT/gs"; timeout 280 python bench/gemm.py --sweep --m "${GEMM_M:-1,8,64}" --deadline 200 \
                --out "$OUT/gs" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/gs"/*.png
              grep "True\|cuBLAS" "$OUT/gs"/*sweep.md | tail -30 ;;
-    # where the host time of the eager verify and prefill steps goes (3.3 and 5.7 ms of enqueue against 0.96 and
-    # 2.8 ms of device time on the H200): phases, the calls that wait for the GPU, device allocations, cProfile
-    # (about 1.5 min once the verify and prefill kernels are compiled; a cold Triton cache adds their compiles)
-    eager)   timeout 240 python bench/host_profile.py --eager "verify 64x4,prefill 4096" --steps 30 --top 30 \
+    # the fold kernel's GPU tests (runtime/fold.py, stack.FOLD_KERNEL, off), then where the host time of the eager
+    # verify and prefill steps goes (3.3 and 5.7 ms of enqueue against 0.96 and 2.8 ms of device time on the H200):
+    # phases, the calls that wait for the GPU, device allocations, accept's fold both ways, cProfile (about 1.5 min
+    # once the verify and prefill kernels are compiled; a cold Triton cache adds their compiles)
+    eager)   timeout 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fold.py > "$OUT/tests-fold.log" 2>&1
+             tail -3 "$OUT/tests-fold.log"
+             timeout 240 python bench/host_profile.py --eager "verify 64x4,prefill 4096" --steps 30 --top 30 \
                > "$OUT/eager.log" 2>&1; grep "^verify\|^prefill\|^  [^ ]" "$OUT/eager.log" | head -40 ;;
     *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager)"; exit 2 ;;
   esac

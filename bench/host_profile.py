@@ -15,7 +15,9 @@ eager verify 64 x 4 took 3.3 ms of host enqueue against 0.96 ms of device time, 
 against 2.8 ms (2026-12-04-runtime-twelfth.md), which a dozen launches a layer do not explain. Per case: the
 phases (open, run, close and, for verify, the accept) of steps started on an idle GPU; every call that made the host
 wait for the GPU during one step (`torch.cuda.set_sync_debug_mode`, with the runtime's frames of each); the
-allocator's device allocations (`cudaMalloc` segments) over the timed steps; then cProfile as above.
+allocator's device allocations (`cudaMalloc` segments) over the timed steps; for verify, the accept of two drafts
+of each sequence with its fold through torch and through `runtime/fold.py`'s kernel (host and device time); then
+cProfile as above.
 """
 
 from __future__ import annotations
@@ -139,6 +141,43 @@ def eager_phases(o: "rb.Ours", case: str, steps: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items() if kind == "verify" or k != "accept"}
 
 
+def accept_cost(o: "rb.Ours", case: str, steps: int, drafts: int = 2) -> dict[str, float]:
+    """Accepting `drafts` of each sequence's drafts after a verify step of `case`, with accept's fold through torch
+    (a gather and a scatter per layer and state part) and through `runtime/fold.py`'s kernel: medians (us) of the
+    host call, started on an idle GPU, and of its device time (CUDA events around it; 0 on the CPU)."""
+    from gdn_trt.runtime import stack
+
+    kind, lengths = rb.CASES[case]
+    s, seqs = o.sess, o.seqs[:len(lengths)]
+    x = rb.torch.randn(sum(lengths), o.cfg.stream_dim, device=rb.DEV).to(s.dtype)
+    counts = rb.np.minimum(rb.np.array(lengths), drafts)
+    cuda = rb.DEV == "cuda"
+    ev = [rb.torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None
+    was, out = stack.FOLD_KERNEL, {}
+    try:
+        for on in (False, True):
+            stack.FOLD_KERNEL = on
+            host, dev = [], []
+            for k in range(steps + 2):
+                with s.begin_step(seqs, kind, rb.np.array(lengths)) as st:
+                    st.run(x)
+                rb.sync()
+                if cuda:
+                    ev[0].record()
+                t = time.perf_counter()
+                s.accept_batch(seqs, counts)
+                host.append((time.perf_counter() - t) * 1e6)
+                if cuda:
+                    ev[1].record()
+                rb.sync()
+                dev.append(ev[0].elapsed_time(ev[1]) * 1e3 if cuda else 0.0)
+            tag = "kernel" if on else "torch"
+            out[f"{tag} host"], out[f"{tag} device"] = statistics.median(host[2:]), statistics.median(dev[2:])
+    finally:
+        stack.FOLD_KERNEL = was
+    return out
+
+
 def waits(fn) -> list[str]:
     """The calls of one `fn()` that made the host wait for the GPU (torch's sync debug mode), each with its innermost
     frames of this repository: where an eager step is serialised behind the device."""
@@ -189,6 +228,10 @@ def eager(o: "rb.Ours", case: str, steps: int, top: int) -> None:
     print(f"{case}: {len(found)} host waits for the GPU in one step" + "".join(f"\n  {w}" for w in found[:12]),
           flush=True)
     print(f"{case}: {segments(fn, steps)} device allocations over {steps} steps", flush=True)
+    if kind == "verify":
+        a = accept_cost(o, case, steps)
+        print(f"{case}: accepting 2 drafts of each, fold by " + "  ".join(f"{k} {v:.1f} us" for k, v in a.items()),
+              flush=True)
     print(hot(fn, steps, top), flush=True)
 
 

@@ -9,7 +9,8 @@ rows through `StepContext.rows` (`runtime.ple.feeds` stages them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -21,6 +22,7 @@ from gdn_trt.model.state import BufferSpec, LayerState, StateCapture, StateStash
 from gdn_trt.plugins import pdl
 from gdn_trt.plugins.packing import Packing
 
+from . import fold as fold_kernel
 from .adapters import AdapterSlots
 from .budget import RuntimeLimits
 from .engine import Engine, LayerCall
@@ -28,6 +30,11 @@ from .state import StatePool
 from .tp import RankTp
 
 RowsFn = Callable[[int], Tensor]  # layer index -> PLE rows [T, heads, d_h] of the step, staged on first call
+# accept's fold on a GPU as one launch of `fold.py`'s kernel (each accepted row read and written once) instead of a
+# gather and a scatter per layer and state part. Off until the H200 runs its GPU tests (written in a sitting without
+# a GPU: tests/test_fold.py); GDN_TRT_FOLD_KERNEL=1 turns it on.
+FOLD_KERNEL = os.environ.get("GDN_TRT_FOLD_KERNEL", "0") == "1"
+_PARTS = ("conv", "ssm", "ple_conv")
 
 
 @dataclass
@@ -36,6 +43,7 @@ class StepBuffers:
 
     stash: dict[int, StateStash]
     capture: dict[int, LayerState]
+    _fold: tuple[int, fold_kernel.Table] | None = field(default=None, repr=False)  # (id of the pool, its table)
 
     @staticmethod
     def allocate(cfg: GdnConfig, limits: RuntimeLimits, spec: BufferSpec) -> "StepBuffers":
@@ -66,10 +74,17 @@ class StepBuffers:
         """Write on accept: stash row rows[k] of every layer becomes pool slot slots[k], on the device."""
         if not rows:
             return
+        if _fold_by_kernel(pool.device):
+            if self._fold is None or self._fold[0] != id(pool):
+                self._fold = id(pool), fold_kernel.Table.of([
+                    (getattr(self.stash[i], part), getattr(st, part)) for i, st in pool.layers.items()
+                    for part in _PARTS if getattr(st, part) is not None])
+            fold_kernel.fold(self._fold[1], _upload(torch.tensor([rows, slots], dtype=torch.int64), pool.device))
+            return
         r, s = (_upload(torch.tensor(v, dtype=torch.int64), pool.device) for v in (rows, slots))
         for i, st in pool.layers.items():
             stash = self.stash[i]
-            for part in ("conv", "ssm", "ple_conv"):
+            for part in _PARTS:
                 dst = getattr(st, part)
                 if dst is not None:
                     dst.index_copy_(0, s, getattr(stash, part).index_select(0, r))
@@ -189,6 +204,10 @@ def upload_packing(lengths: list[int], slots: list[int], device: torch.device) -
     memory would wait for the stream, and the host could no longer run ahead of the GPU by a step."""
     host = Packing.build(lengths, slots)
     return Packing(_upload(host.cu_seqlens, device), _upload(host.slots, device))
+
+
+def _fold_by_kernel(device: torch.device) -> bool:
+    return FOLD_KERNEL and device.type == "cuda"
 
 
 def _upload(t: Tensor, device: torch.device) -> Tensor:

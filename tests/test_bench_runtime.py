@@ -69,7 +69,8 @@ def test_switches_bench_smoke_restores_the_switches(runtime_bench, monkeypatch, 
 
 def test_host_profile_eager_phases_smoke(runtime_bench):
     """`bench/host_profile.py --eager` in CPU smoke mode: the phases of an eager verify (with its accept) and of a
-    prefill, each a positive time, the whole at least the sum of its parts."""
+    prefill, each a positive time, the whole at least the sum of its parts; the accept's cost with either fold, the
+    switch put back."""
     sys.modules.pop("host_profile", None)
     import host_profile
 
@@ -82,5 +83,11 @@ def test_host_profile_eager_phases_smoke(runtime_bench):
             assert tuple(p) == (*parts, "whole") and all(v > 0 for v in p.values())
             assert p["whole"] >= sum(p[k] for k in parts) * 0.999
         assert host_profile.waits(lambda: None) == [] and host_profile.segments(lambda: None, 2) == 0
+        from gdn_trt.runtime import stack
+
+        was = stack.FOLD_KERNEL
+        a = host_profile.accept_cost(o, "verify 64x4", 1)
+        assert list(a) == ["torch host", "torch device", "kernel host", "kernel device"] and stack.FOLD_KERNEL == was
+        assert a["torch host"] > 0 and a["kernel host"] > 0
     finally:
         sys.modules.pop("host_profile", None)
