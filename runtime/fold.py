@@ -28,7 +28,7 @@ from torch import Tensor
 BLOCK = 4096  # words per program: 32 per thread at 4 warps
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # one compile for every count of accepted sequences
 def _fold_kernel(table, pairs, n, WORD: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr):
     k = tl.program_id(0)  # the accepted sequence
     t = tl.program_id(1)  # the (stash, pool) tensor pair
@@ -74,8 +74,9 @@ class Table:
         word = next(w for w in (4, 2, 1) if all(b % w == 0 for b in sizes + bases))
         vec = all(b % 16 == 0 for b in sizes + bases)
         rows = [[src.data_ptr(), dst.data_ptr(), b // word] for (src, dst), b in zip(pairs, sizes)]
-        dev = pairs[0][0].device
-        return Table(torch.tensor(rows, dtype=torch.int64).to(dev), word, max(b // word for b in sizes), vec)
+        dev, host = pairs[0][0].device, torch.tensor(rows, dtype=torch.int64)
+        words = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host  # no stream sync
+        return Table(words, word, max(b // word for b in sizes), vec)
 
 
 def fold(table: Table, pairs: Tensor) -> None:

@@ -43,7 +43,7 @@ class StepBuffers:
 
     stash: dict[int, StateStash]
     capture: dict[int, LayerState]
-    _fold: tuple[int, fold_kernel.Table] | None = field(default=None, repr=False)  # (id of the pool, its table)
+    _fold: tuple[StatePool, fold_kernel.Table] | None = field(default=None, repr=False)  # (the pool, its table)
 
     @staticmethod
     def allocate(cfg: GdnConfig, limits: RuntimeLimits, spec: BufferSpec) -> "StepBuffers":
@@ -75,8 +75,8 @@ class StepBuffers:
         if not rows:
             return
         if _fold_by_kernel(pool.device):
-            if self._fold is None or self._fold[0] != id(pool):
-                self._fold = id(pool), fold_kernel.Table.of([
+            if self._fold is None or self._fold[0] is not pool:
+                self._fold = pool, fold_kernel.Table.of([
                     (getattr(self.stash[i], part), getattr(st, part)) for i, st in pool.layers.items()
                     for part in _PARTS if getattr(st, part) is not None])
             fold_kernel.fold(self._fold[1], _upload(torch.tensor([rows, slots], dtype=torch.int64), pool.device))

@@ -348,7 +348,7 @@ class Step:
         if self._next != len(self._layers):
             missing = list(self._layers[self._next:])
             raise StepError(f"step closed before GDN layers {missing} were called (call them, or abort())")
-        if self._captured:
+        if self._captured and len(self._binds) == 1:  # `replayed()` serves single-group steps only
             b = self._binds[0]
             key = (b.part.group.mode, b.rows, b.stash_at)  # a captured verify wrote its stash window: the same one
             if key not in self._p.graphs.host_captures:

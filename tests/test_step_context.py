@@ -200,7 +200,8 @@ def test_run_under_a_host_capture_records_the_padded_layers(tmp_path, monkeypatc
     engines' device veto lifted): the runtime's graph is never used (neither its replay nor its io words belong in
     the host's graph), the layers run on the rows padded to the bucket, as a host's padded layer calls do (equal to
     them bit for bit, zero padding), the step counts as a host capture of its bucket, and a layer with a capture
-    veto refuses the call before anything runs."""
+    veto refuses the call before anything runs. A captured mixed step is not recorded (`replayed()` serves steps of
+    one group only)."""
     from gdn_trt.runtime import steps
 
     sessions = [_twins(PLAIN, LIMITS, tmp_path, pad=True)[1] for _ in range(2)]
@@ -243,6 +244,12 @@ def test_run_under_a_host_capture_records_the_padded_layers(tmp_path, monkeypatc
     capturing[0] = False
     st.abort()
     assert fingerprint(cap) == before and cap.position(int(seqs[0])) == ref.position(int(seqs[0]))
+    vetoes[1][0].capture_veto = lambda mode: None
+    with cap.begin_step(seqs, ["decode", "verify"], np.array([1, 2])) as st:  # a mixed step: not a host capture
+        capturing[0] = True
+        st.run(h[:3])
+        capturing[0] = False
+    assert cap.stats().graphs.host_captures == ["decode_multi_seq rows 3"]  # `replayed()` serves one group only
 
 
 # ---- refusals: each raises and changes nothing ----
