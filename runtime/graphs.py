@@ -48,9 +48,10 @@ from .stats import GraphStats
 log = logging.getLogger("gdn_trt.runtime")
 
 # `graph_io`'s kernels at the ends of a fully captured decode graph (x in and the output out by address, no torch
-# copies on the host). Off until measured on the H200 (written in a sitting without a GPU: the GPU tests of
-# tests/test_graphs.py and tests/test_step_context.py run with it on and off); GDN_TRT_GRAPH_IO=1 turns it on.
-IO = os.environ.get("GDN_TRT_GRAPH_IO", "0") == "1"
+# copies on the host). On: `run(x)`'s idle-GPU enqueue 45.9 / 55.8 / 69.3 us without against 37.0 / 37.8 / 39.8 with
+# at N = 1 / 8 / 64 (73.1 against 73.6 at N = 256), the wall 0.967-0.997x, the graph's replay 1.003-1.011x (its two
+# kernels), H200, bench/results/2026-12-05-switches.md; GDN_TRT_GRAPH_IO=0 turns it off.
+IO = os.environ.get("GDN_TRT_GRAPH_IO", "1") == "1"
 
 
 @dataclass
