@@ -23,8 +23,9 @@ PDL (plugins/pdl.py): the kernel waits where the recurrent kernel enters, but le
 only after its state store, not at its start: out_proj's programs would otherwise hold SM slots through the whole
 decode, as the conv's did through in_proj (`gemm.Config.late`).
 
-Written in a sitting without a GPU: interpreter and sm_90 compile tests only; `Tuning.norm_in_decode` is off until
-the H200 times it (GDN_TRT_NORM_IN_DECODE=1 turns it on).
+Timed on the H200 (bench/results/2026-12-05-switches.md): its GPU tests pass, but the decode step's replay took
+0.991 / 1.013 / 1.025 / 1.039x the unfused one's at N = 1 / 8 / 64 / 256, so `Tuning.norm_in_decode` stays off
+(GDN_TRT_NORM_IN_DECODE=1 turns it on).
 """
 
 from __future__ import annotations

@@ -59,13 +59,16 @@ class Tuning:
     rows: int = 16  # value-head rows per program of the gated norm (V = 128: 2048 elements)
     warps: int = 4
     wide_warps: int = 8  # row kernels holding 4096 or more elements per program
-    # the decode step's conv update in the in-projection's epilogue (`linear_conv`), where the layer uses it. Off
-    # until it has run on a GPU: written and checked on the CPU (interpreter, sm_90 compile) in a sitting without
-    # a device. GDN_TRT_CONV_IN_GEMM=1 turns it on (the A/B switch of the benches: bench/gpu-all.sh conv)
+    # the decode step's conv update in the in-projection's epilogue (`linear_conv`), where the layer uses it. Off:
+    # its GPU tests pass, but the step's graph replay took 0.971 / 1.100 / 1.014 / 1.000x the unfused one's at
+    # N = 1 / 8 / 64 / 256 (H200, bench/results/2026-12-05-switches.md): the conv kernel was mostly hidden beside
+    # in_proj already (PDL), and at M = 33..64 the fused in_proj is the skinny GEMM, which trails cuBLAS there.
+    # GDN_TRT_CONV_IN_GEMM=1 turns it on (the A/B switch of the benches: bench/gpu-all.sh conv)
     conv_in_gemm: bool = os.environ.get("GDN_TRT_CONV_IN_GEMM", "0") == "1"
     # the decode step's gated output norm in the GDN decode kernel's epilogue (`recurrent_norm`, decode_norm.py),
-    # where the layer uses it. Off for the same reason (a later sitting without a device); GDN_TRT_NORM_IN_DECODE=1
-    # turns it on (bench/gpu-all.sh norm)
+    # where the layer uses it. Off: its GPU tests pass, but the replay took 0.991 / 1.013 / 1.025 / 1.039x the
+    # unfused one's (same run): the separate norm overlapped the decode's tail, the fused one runs after it in the
+    # last program of each head. GDN_TRT_NORM_IN_DECODE=1 turns it on (bench/gpu-all.sh norm)
     norm_in_decode: bool = os.environ.get("GDN_TRT_NORM_IN_DECODE", "0") == "1"
 
 
