@@ -49,7 +49,10 @@ def phases(o: "rb.Ours", n: int, steps: int, static: bool, wait=None) -> dict[st
     s, seqs = o.sess, o.seqs[:n]
     x = rb.torch.randn(n, o.cfg.stream_dim, device=rb.DEV).to(s.dtype)
     out = {"open": [], "run": [], "close": [], "whole": []}
+    pk = s._steps.pack
     for k in range(steps + 3):
+        if k == 3:
+            copies = pk.copies
         (wait or rb.sync)()
         t0 = time.perf_counter()
         st = s.begin_step(seqs, "decode")
@@ -63,7 +66,12 @@ def phases(o: "rb.Ours", n: int, steps: int, static: bool, wait=None) -> dict[st
             for name, v in (("open", t1 - t0), ("run", t2 - t1), ("close", t3 - t2), ("whole", t3 - t0)):
                 out[name].append(v * 1e6)
     rb.sync()
-    return {k: statistics.median(v) for k, v in out.items()}
+    # index-buffer uploads per step (the step's slots, the graph io words): 0 in a steady loop that sends nothing
+    return {**{k: statistics.median(v) for k, v in out.items()}, "uploads": (pk.copies - copies) / steps}
+
+
+def _fmt(p: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.2f} per step" if k == "uploads" else f"{k} {v:.1f} us" for k, v in p.items())
 
 
 def bare(o: "rb.Ours", n: int, steps: int) -> dict[str, float]:
@@ -93,7 +101,8 @@ def bare(o: "rb.Ours", n: int, steps: int) -> dict[str, float]:
             for name, v in (("replay", t1 - t0), ("record", t2 - t1), ("replay_after_spin", t4 - t3)):
                 out[name].append(v * 1e6)
     rb.sync()
-    return {k: statistics.median(v) for k, v in out.items()}
+    # index-buffer uploads per step (the step's slots, the graph io words): 0 in a steady loop that sends nothing
+    return {**{k: statistics.median(v) for k, v in out.items()}, "uploads": (pk.copies - copies) / steps}
 
 
 def hot(fn, steps: int, top: int) -> str:
@@ -219,7 +228,7 @@ def segments(fn, steps: int) -> int:
 def eager(o: "rb.Ours", case: str, steps: int, top: int) -> None:
     kind, lengths = rb.CASES[case]
     p = eager_phases(o, case, steps)
-    print(f"{case}: " + "  ".join(f"{k} {v:.1f} us" for k, v in p.items()), flush=True)
+    print(f"{case}: " + _fmt(p), flush=True)
     fn = o.step_fn(kind, lengths)
     for _ in range(3):
         fn()
@@ -253,13 +262,13 @@ def main() -> None:
     for n in (int(v) for v in args.n.split(",")):
         for static in (False, True):
             p = phases(o, n, args.steps, static)
-            print(f"decode N={n}{' in place' if static else ''}: " + "  ".join(f"{k} {v:.1f} us" for k, v in p.items()),
+            print(f"decode N={n}{' in place' if static else ''}: " + _fmt(p),
                   flush=True)
         if rb.DEV == "cuda":
             _, idle = rb.timed(o.step_fn("decode", [1] * n, "static"), 20)
             print(f"decode N={n} in place, bench/runtime.py's measure (`timed`): enqueue {idle:.1f} us", flush=True)
             p = phases(o, n, args.steps, True, spin)
-            print(f"decode N={n} in place, spin wait: " + "  ".join(f"{k} {v:.1f} us" for k, v in p.items()),
+            print(f"decode N={n} in place, spin wait: " + _fmt(p),
                   flush=True)
             print(f"decode N={n} bare: " + "  ".join(f"{k} {v:.1f} us" for k, v in bare(o, n, args.steps).items()),
                   flush=True)
