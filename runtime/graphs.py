@@ -297,14 +297,12 @@ class GraphCache:
         after_graph = self._rows(idx)
         self._put(idx, before)
         if x is not None:
-            entry.x[:n].copy_(x)
-            entry.x[n:].zero_()
+            self._fill(entry.inp, x, n)
         want = self._eager(entry, ctx)[:n].clone()
         after_eager = self._rows(idx)
         name = f"{entry.mode.value} bucket {entry.bucket}"
-        same = torch.equal(got, want) and all(torch.equal(a, b) for a, b in zip(after_graph, after_eager)) and \
-            (out is None or torch.equal(out, want))
-        if same:
+        output, copied = torch.equal(got, want), out is None or torch.equal(out, want)
+        if output and copied and all(torch.equal(a, b) for a, b in zip(after_graph, after_eager)):
             entry.gated = True
             self.stats.captured.append(name)
             self.selector.say(f"captured {name}: replay == eager bit for bit; "
@@ -313,7 +311,7 @@ class GraphCache:
             return got
         diff = (got.double() - want.double()).abs().max().item()
         reason = f"replay differs from eager (max |output diff| {diff:.3e})"
-        if out is not None and torch.equal(got, want) and not torch.equal(out, want):
+        if output and not copied:
             reason = "the replay's copy of its output to the caller's rows differs from its output"
         self.stats.gate_failures.append(f"{name}: {reason}")
         self.selector.fail_bucket(entry.mode, entry.bucket, reason)

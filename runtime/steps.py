@@ -123,6 +123,12 @@ def _capturing(x: Tensor) -> bool:
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+def _check_capturable(eng, mode) -> None:
+    why = eng.capture_veto(mode)
+    if why is not None:
+        raise StepError(f"layer {eng.layer_idx} cannot be captured in a CUDA graph: {why}")
+
+
 def open_step(parts: StepParts, spec: StepSpec) -> "Step":
     """Bind, pack and stage a checked step (see the module docstring)."""
     last = parts.last
@@ -312,9 +318,7 @@ class Step:
         if capturing:
             for b in self._binds:
                 for eng in b.part.group.engines:
-                    why = eng.capture_veto(b.part.group.mode)
-                    if why is not None:
-                        raise StepError(f"layer {eng.layer_idx} cannot be captured in a CUDA graph: {why}")
+                    _check_capturable(eng, b.part.group.mode)
         self._ran = True
         self._captured = self._captured or capturing
         if len(self._binds) == 1:
@@ -460,9 +464,7 @@ class Step:
         g = b.part.group
         eng = self._p.selector.part_engine(g, k, part)
         if capturing:
-            why = eng.capture_veto(g.mode)
-            if why is not None:
-                raise StepError(f"layer {eng.layer_idx} cannot be captured in a CUDA graph: {why}")
+            _check_capturable(eng, g.mode)
         return eng
 
     def _zero_rows(self, rows: int) -> Tensor:
