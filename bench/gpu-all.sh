@@ -104,7 +104,7 @@ for s in $stages; do
     gemm)    mkdir -p "$OUT/gs"; timeout 280 python bench/gemm.py --sweep --m "${GEMM_M:-1,8,64}" --deadline 200 \
                --out "$OUT/gs" >> "$OUT/bench.log" 2>&1; rm -f "$OUT/gs"/*.png
              grep "True\|cuBLAS" "$OUT/gs"/*sweep.md | tail -30 ;;
-    # the fold kernel's GPU tests (runtime/fold.py, stack.FOLD_KERNEL, off), then where the host time of the eager
+    # the fold kernel's GPU tests (runtime/fold.py, stack.FOLD_KERNEL, on), then where the host time of the eager
     # verify and prefill steps goes (3.3 and 5.7 ms of enqueue against 0.96 and 2.8 ms of device time on the H200):
     # phases, the calls that wait for the GPU, device allocations, accept's fold both ways, cProfile (about 1.5 min
     # once the verify and prefill kernels are compiled; a cold Triton cache adds their compiles)

@@ -114,6 +114,11 @@ WIDE_N = 8192  # in_proj-like widths (>= WIDE_N rows: enough N-tiles to fill the
 # 2026-12-04 from that day's sweep of M = 16, 32, 64 (bench/results/2026-12-04-gemm-sweep.md), which added row
 # ranges (`spread`): at M = 64 none beat N-tiles (best 17.2 against 17.0 us), so an even share of the weight per SM
 # is not what holds in_proj at 3.1 TB/s there; at M = 16 two ranges per SM won by 1 % (14.4 against 14.6 us).
+# TMA tiles (`Config.tma`), 2026-12-05 (bench/results/2026-12-05-gemm-sweep.md, M = 1..64): alone, in_proj at M = 64
+# took 15.7 us with (64, 64, 64, 6 stages, TMA) against cuBLAS's 16.9, the only bucket where TMA led; in the N = 64
+# decode step (`2026-12-05-gemm-step-tma.md`) it took 20.6 against cuBLAS's 19.7 us and the step 426.4 against
+# 429.6 us with the late trigger (0.993x, inside the 2-3 % between two sessions of one launch), 450.8 with the early
+# one. The M = 64 wide row stays cuBLAS's; the other rows' winners differ from the table's by about 1 %.
 TABLE: tuple[Row, ...] = (
     Row(1, WIDE_N, Config(16, 64, 128, 4, 4), 0.899),  # 14.4 against 16.0 us, 3.52 TB/s
     Row(1, 0, Config(1, 8, 1024, 1, 4, dot=False), 0.810),  # 7.1 against 8.7 us, 2.37 TB/s

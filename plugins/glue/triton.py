@@ -62,7 +62,9 @@ class Tuning:
     # the decode step's conv update in the in-projection's epilogue (`linear_conv`), where the layer uses it. Off:
     # its GPU tests pass, but the step's graph replay took 0.971 / 1.100 / 1.014 / 1.000x the unfused one's at
     # N = 1 / 8 / 64 / 256 (H200, bench/results/2026-12-05-switches.md): the conv kernel was mostly hidden beside
-    # in_proj already (PDL), and at M = 33..64 the fused in_proj is the skinny GEMM, which trails cuBLAS there.
+    # in_proj already (PDL), and at M = 33..64 the fused in_proj is the skinny GEMM, which trails cuBLAS there. With
+    # the TMA launch as that GEMM (bench/results/2026-12-05-gemm-step-tma-conv.md) the N = 64 step took 440.0 us
+    # against the unfused cuBLAS step's 429.6 (the fused in_proj 23.4 us, the GDN decode after it 74.4 against 70.9).
     # GDN_TRT_CONV_IN_GEMM=1 turns it on (the A/B switch of the benches: bench/gpu-all.sh conv)
     conv_in_gemm: bool = os.environ.get("GDN_TRT_CONV_IN_GEMM", "0") == "1"
     # the decode step's gated output norm in the GDN decode kernel's epilogue (`recurrent_norm`, decode_norm.py),
