@@ -6,8 +6,10 @@
 The `ours` stack of `bench/runtime.py` (4 Qwen3-Next GDN layers, bf16, CUDA graphs): per N, every step started on
 an idle GPU, the three phases of the batched API timed apart (open: `begin_step`, the request check, index copy and
 PLE staging; run: `step.run`, the graph replay; close: the commit), medians in us, with `run(x)` and with the input
-and output in place (`step.input()`, `run(..., copy=False)`); then cProfile over back-to-back steps, the functions
-by own time; and the step's CUDA calls alone (`bare`: the graph replay, an event record). Prints only: the figures
+and output in place (`step.input()`, `run(..., copy=False)`); on CUDA then `bench/runtime.py`'s own measure
+(`timed`) of the in-place step after 20 and after 1 back-to-back steps, the in-place phases again, and with a spin
+wait; the step's CUDA calls alone (`bare`: the graph replay, an event record); then cProfile over back-to-back
+steps, the functions by own time. Prints only: the figures
 go into the closing notes of the issue they serve.
 
 `--eager CASES` (bench/runtime.py's case names) profiles steps that run without a graph instead: on the H200 the
