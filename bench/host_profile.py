@@ -194,8 +194,6 @@ def waits(fn) -> list[str]:
     found: list[str] = []
 
     def note(message, category, filename, lineno, file=None, line=None):
-        if "prototype feature" in str(message):  # torch's note on turning the mode on, not a wait
-            return
         frames = [f for f in traceback.extract_stack()[:-1] if "gdn_trt" in f.filename or "/bench/" in f.filename]
         found.append(f"{message} <- " + " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
                                                     for f in reversed(frames[-4:])))
@@ -205,13 +203,13 @@ def waits(fn) -> list[str]:
         return found
     with warnings.catch_warnings():
         warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")  # before the hook: the mode's own note on turning it on is no wait
         old, warnings.showwarning = warnings.showwarning, note
-        torch.cuda.set_sync_debug_mode("warn")
         try:
             fn()
         finally:
-            torch.cuda.set_sync_debug_mode("default")
             warnings.showwarning = old
+            torch.cuda.set_sync_debug_mode("default")
     rb.sync()
     return found
 

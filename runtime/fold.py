@@ -12,8 +12,9 @@ Here one kernel reads each accepted row once and writes it once, after one uploa
 built once per session on the device (the stash and the pools never move). The copy is by words of the largest
 size in 4, 2, 1 bytes that divides every row and base address (the row's dtype does not matter to a copy): fp32
 states and bf16 conv windows of an even width copy by 4-byte words, 16-byte vectors where the rows allow them.
-Written in a sitting without a GPU: the interpreter tests it against torch's gather and scatter bit for bit; the
-GPU tests compare a session's accepts through it with the same session's through torch.
+The interpreter tests it against torch's gather and scatter bit for bit; the GPU tests compare a session's accepts
+through it with the same session's through torch (passed on the H200, 2026-12-05, where it became the default:
+`stack.FOLD_KERNEL`).
 """
 
 from __future__ import annotations
