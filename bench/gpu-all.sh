@@ -112,6 +112,9 @@ for s in $stages; do
              tail -3 "$OUT/tests-fold.log"
              timeout 240 python bench/host_profile.py --eager "verify 64x4,prefill 4096" --steps 30 --top 30 \
                > "$OUT/eager.log" 2>&1; grep "^verify\|^prefill\|^  [^ ]" "$OUT/eager.log" | head -40 ;;
-    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager)"; exit 2 ;;
+    # the step's launch structure with streaming kernels beside the step itself (bench/chain_floor.py)
+    chain)   mkdir -p "$OUT/c"; timeout 300 python bench/chain_floor.py --n 8,64,256 --out "$OUT/c" \
+               > "$OUT/chain.log" 2>&1; grep "^N=" "$OUT/chain.log" ;;
+    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain)"; exit 2 ;;
   esac
 done

@@ -11,6 +11,8 @@ differently, timed beside the real kernels to find where their time goes (no har
   conv pool's layout since round 2; bench/variants.py runs that one beside the production kernel.
 - `rec_conv_probe_kernel`: the decode step with the conv update fused in, the conv history as a ring indexed by
   token position (the contract change a fused decode op would need), timed against the two launches of today.
+- `stream_kernel`: a flat read and write of given byte counts behind the step's PDL entry: bench/chain_floor.py's
+  stand-in for each kernel of the decode step.
 
 The persistent prefetching decode probe of 2026-12-03-kernels-variants.md is at commit 95c6842.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from gdn_trt.plugins import pdl
 from gdn_trt.plugins.gated_delta_rule.triton_recurrent import softplus
 
 
@@ -169,3 +172,14 @@ def _conv4(x, weight, p_r, c, pos, D: tl.constexpr):
         b_in = tl.load(p_r + ((pos + 1 + j) % 4) * D + c).to(tl.float32)
         b_y += tl.sum(tl.where((o_w == j)[None, :], b_w, 0.0), 1) * b_in
     return b_y * tl.sigmoid(b_y)
+
+
+@triton.jit
+def stream_kernel(src, dst, n_rd, n_wr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Reads the first n_rd and writes the first n_wr fp32 values of its BLOCK-wide block (zeros past n_rd), after
+    the PDL wait and trigger every kernel of the decode step takes (`pdl.enter`): one launch of
+    bench/chain_floor.py's chains, moving exactly the bytes of the step's kernels it stands for."""
+    pdl.enter(PDL)
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(src + o, mask=o < n_rd, other=0.0, eviction_policy="evict_first")
+    tl.store(dst + o, v, mask=o < n_wr, cache_modifier=".cs")

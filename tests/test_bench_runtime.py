@@ -91,3 +91,36 @@ def test_host_profile_eager_phases_smoke(runtime_bench):
         assert a["torch host"] > 0 and a["kernel host"] > 0
     finally:
         sys.modules.pop("host_profile", None)
+
+
+def test_chain_floor_moves_the_steps_bytes(runtime_bench, tmp_path):
+    """`bench/chain_floor.py` (the step's launch structure with streaming kernels): its layers read the stack's
+    weights exactly (bench/runtime.py's floor counts the same bytes), every chain moves the same bytes in its
+    launches, and in CPU smoke mode, under the interpreter, each launch wrote what it read (the script checks)."""
+    import os
+    import subprocess
+
+    sys.modules.pop("chain_floor", None)
+    import chain_floor
+
+    from gdn_trt.runtime.budget import weight_bytes
+
+    cfg = runtime_bench.configs(True)["static"]
+    layers = len(cfg.gdn_layer_ids)
+    assert sum(rd for rd, _ in chain_floor.layer_bytes(cfg, 0).values()) * layers == weight_bytes(cfg, "bfloat16")
+    for n in (1, 5):
+        sizes = {v: chain_floor.launch_sizes(cfg, n, g) for v, g in [("one", None), *chain_floor.CHAINS.items()]}
+        assert {len(s) for s in sizes.values()} == {1, layers, 3 * layers, 6 * layers}
+        for k in (0, 1):
+            totals = {sum(s[k] for s in v) for v in sizes.values()}
+            assert max(totals) - min(totals) < 6 * layers  # each launch rounds its bytes down to fp32 values
+    sys.modules.pop("chain_floor", None)
+    proc = subprocess.run([sys.executable, str(BENCH / "chain_floor.py"), "--smoke", "--n", "1,3", "--out",
+                           str(tmp_path)], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
+                          text=True, timeout=600, cwd=BENCH)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(next(tmp_path.glob("*-chain-floor.json")).read_text())["rows"]
+    assert [(r["n"], r["variant"], r["launches"]) for r in rows] == [
+        (n, v, k) for n in (1, 3) for v, k in (("floor", 0), ("1 launch", 1), ("1 a layer", layers),
+                                               ("3 a layer", 3 * layers), ("6 a layer", 6 * layers),
+                                               ("6 a layer, no PDL", 6 * layers))]

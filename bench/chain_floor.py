@@ -1,0 +1,171 @@
+"""The decode step's launch structure at the copy rate: what separate kernels cost before any of them computes.
+
+    python bench/chain_floor.py [--n 64,256] [--out DIR] [--smoke]
+
+Issue 15's decode target is device time at most 1.25x the floor (the layer weights and every sequence's state read
+and written once, at the copy rate) at N >= 64. A layer of the step launches six kernels (the input norm, in_proj,
+the conv update, the GDN decode, the gated norm, out_proj). Here each of them is replaced by `probes.stream_kernel`
+moving exactly its bytes (weights read; activations read and written; the conv and SSM state read and written), so
+a chain's time is what the step's launch structure costs with kernels that do nothing but stream. Rows per N, for
+bench/runtime.py's stack (4 Qwen3-Next GDN layers, bf16 activations, fp32 state; each layer on buffers of its own):
+- `floor`: bytes over the copy rate, as bench/runtime.py counts them (no launch);
+- `1 launch`: every byte of the step in one launch;
+- `1 a layer`: one launch a layer (what a persistent layer kernel could reach);
+- `3 a layer`: the norm with in_proj, the conv with the GDN decode, the gated norm with out_proj;
+- `6 a layer`: the step's six kernels with PDL as the step launches them, and `6 a layer, no PDL`;
+- `ours`: the step itself, its CUDA graphs replayed back to back (bench/runtime.py's `static` stack, `replay_us`).
+A chain is timed as back-to-back steps captured in one CUDA graph (`common.time_cuda`). `over_floor` is the row's
+time over `floor`; `excess_us` its time less the floor. Writes `<out>/<date>-chain-floor.{json,md,png}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import probes
+import torch
+import triton
+
+from common import RESULTS, copy_bandwidth, device_info, time_cuda, write_results
+
+from gdn_trt.model.config import GdnConfig
+from gdn_trt.runtime.budget import slot_bytes, weight_bytes
+
+BLOCK, WARPS = 4096, 8  # probes.copy_kernel's launch: 16 KB of fp32 a program
+KERNELS = ("norm", "in_proj", "conv", "gdn", "gated_norm", "out_proj")
+# how each chain merges the layer's six kernels into launches
+CHAINS = {"1 a layer": (KERNELS,), "3 a layer": (KERNELS[:2], KERNELS[2:4], KERNELS[4:]),
+          "6 a layer": tuple((k,) for k in KERNELS)}
+
+
+def layer_bytes(cfg: GdnConfig, n: int) -> dict[str, tuple[int, int]]:
+    """(bytes read, bytes written) of each kernel of one GDN layer's decode step over n sequences (bf16
+    activations and weights, fp32 SSM state)."""
+    a, C, P, D, Vd, HV = 2, cfg.hidden_size, cfg.in_proj_dim, cfg.conv_dim, cfg.value_dim, cfg.linear_num_value_heads
+    conv = math.prod(cfg.conv_state_shape) * a
+    ssm = math.prod(cfg.ssm_state_shape) * 4
+    return {"norm": (2 * n * C * a + C * a, 2 * n * C * a),
+            "in_proj": (P * C * a + n * C * a, n * P * a),
+            "conv": (n * D * a + n * conv + D * cfg.linear_conv_kernel_dim * a, n * D * a + n * conv),
+            "gdn": (n * ssm + n * (D + 2 * HV) * a + 2 * HV * 4, n * ssm + n * Vd * a),  # A_log, dt_bias fp32
+            "gated_norm": (2 * n * Vd * a + cfg.linear_value_head_dim * a, n * Vd * a),
+            "out_proj": (C * Vd * a + n * Vd * a, n * C * a)}
+
+
+def launch_sizes(cfg: GdnConfig, n: int, groups: tuple[tuple[str, ...], ...] | None) -> list[tuple[int, int]]:
+    """(values read, values written) of each launch of a step whose layers launch `groups` (the kernels each
+    launch stands for); None: one launch for the whole step."""
+    per, layers = layer_bytes(cfg, n), len(cfg.gdn_layer_ids)
+    if groups is None:
+        return [tuple(sum(v[i] for v in per.values()) * layers // 4 for i in (0, 1))]
+    return [tuple(sum(per[k][i] for k in g) // 4 for i in (0, 1)) for _ in range(layers) for g in groups]
+
+
+class Chain:
+    """A step as stream launches of the given sizes, each on buffers of its own."""
+
+    def __init__(self, sizes: list[tuple[int, int]], device: str):
+        self.launches = [(torch.randn(rd, device=device), torch.empty(wr, device=device), rd, wr) for rd, wr in sizes]
+
+    def __call__(self, pdl: bool) -> None:
+        kw = {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
+        for src, dst, rd, wr in self.launches:
+            probes.stream_kernel[(triton.cdiv(max(rd, wr), BLOCK),)](src, dst, rd, wr, BLOCK=BLOCK, num_warps=WARPS,
+                                                                     **kw)
+
+    def check(self) -> None:
+        """Every launch wrote its first values from its source (zeros past what it read)."""
+        for src, dst, rd, wr in self.launches:
+            k = min(rd, wr)
+            if not torch.equal(dst[:k], src[:k]) or (wr > k and bool(dst[k:].any())):
+                raise AssertionError(f"a stream launch of {rd} / {wr} values wrote something else")
+
+
+def ours_replay_us(n: int) -> float:
+    """bench/runtime.py's static step at n sequences: its graphs replayed back to back."""
+    import runtime as rb
+
+    o = rb.Ours(rb.configs()["static"])
+    fn = o.step_fn("decode", [1] * n, "static")
+    fn()  # captures and gates the bucket's graphs
+    us = rb.replay_us(o.sess.graphs.replayable(n))
+    del o
+    torch.cuda.empty_cache()
+    return us
+
+
+def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> list[dict]:
+    device = "cpu" if smoke else "cuda"
+    bw = None if smoke else copy_bandwidth()["best"]
+    rows = []
+    for n in ns:
+        w, s = weight_bytes(cfg, "bfloat16"), 2 * n * slot_bytes(cfg, "bfloat16")
+        floor = None if bw is None else (w + s) / bw * 1e6
+        row = lambda v, launches, us: {"n": n, "variant": v, "launches": launches, "us": us,  # noqa: E731
+                                       "over_floor": us / floor if floor and us else None,
+                                       "excess_us": us - floor if floor and us else None}
+        rows.append(row("floor", 0, floor))
+        cases = [("1 launch", None, True)] + [(v, g, True) for v, g in CHAINS.items()]
+        cases.append(("6 a layer, no PDL", CHAINS["6 a layer"], False))
+        for v, groups, pdl in cases:
+            chain = Chain(launch_sizes(cfg, n, groups), device)
+            launches = len(chain.launches)
+            if smoke:
+                chain(False)
+                chain.check()
+                us = None
+            else:
+                chain(pdl and torch.cuda.get_device_capability()[0] >= 9)
+                torch.cuda.synchronize()
+                chain.check()
+                us = time_cuda(lambda i: chain(pdl), target_s=20e-3, reps=15).median_s * 1e6
+            rows.append(row(v, launches, us))
+            print(f"N={n:4d} {v:20s} {launches:3d} launches  {us if us is None else round(us, 1)} us", flush=True)
+            del chain
+        if not smoke:
+            rows.append(row("ours", None, ours_replay_us(n)))
+            print(f"N={n:4d} ours: {rows[-1]['us']:.1f} us, floor {floor:.1f} us", flush=True)
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ns = sorted({r["n"] for r in rows})
+    names = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "floor"]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    w = 0.8 / len(names)
+    for i, v in enumerate(names):
+        ys = [next((r["over_floor"] or 0 for r in rows if r["variant"] == v and r["n"] == n), 0) for n in ns]
+        ax.bar([k + i * w for k in range(len(ns))], ys, w, label=v)
+    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(ns))], [f"N = {n}" for n in ns])
+    ax.axhline(1.25, color="r", lw=0.8, ls="--", label="issue 15's target")
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set_ylabel("step time / floor")
+    ax.set_ylim(0.9, max([1.5] + [r["over_floor"] or 0 for r in rows]) * 1.05)
+    ax.legend(fontsize=7, ncol=3)
+    ax.set_title("decode step, 4 Qwen3-Next GDN layers: launch structures of pure streaming kernels vs ours")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", default="64,256")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, each chain run once and checked")
+    args = ap.parse_args()
+    import runtime as rb
+
+    cfg = rb.configs(args.smoke)["static"]
+    rows = measure(cfg, [int(v) for v in args.n.split(",")], args.smoke)
+    meta = {"device": "cpu (smoke: no timing)"} if args.smoke else device_info()
+    paths = write_results("chain-floor", rows, meta, ["n", "variant", "launches", "us", "over_floor", "excess_us"],
+                          None if args.smoke else plot, args.out)
+    print("wrote", *paths, flush=True)
+
+
+if __name__ == "__main__":
+    main()
