@@ -3,7 +3,8 @@ prefix snapshots) over a stack of GDN layers. `from gdn_trt.runtime import Sessi
 
 _EXPORTS = {"Session": "session", "SessionOptions": "session", "Prompt": "seqs", "PrefillResult": "session",
             "SequenceError": "seqs", "RuntimeLimits": "budget", "BudgetError": "budget", "SnapshotError": "state",
-            "DeviceError": "session", "ConcurrentUseError": "guard"}
+            "DeviceError": "session", "ConcurrentUseError": "guard",
+            "WrongDeviceError": "guard"}
 
 
 def __getattr__(name: str):

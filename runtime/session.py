@@ -24,6 +24,7 @@ temporary directory, since the prestage memory-maps its table from a file).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import tempfile
@@ -51,7 +52,7 @@ from .backends import build_engines, trt_context_budget
 from .budget import RuntimeLimits, available_memory, budget
 from .engine import Engine
 from .graphs import GraphCache
-from .guard import guarded
+from .guard import Guard, guarded
 from .plans import PlanMatch
 from .ple.feeds import PleFeeds
 from .select import GraphPolicy, Selector
@@ -187,12 +188,14 @@ class Session:
         need = budget(cfg, options.limits, act, options.graphs and dev.type == "cuda",
                       trt_context_budget(backend, engines_dir, dev, cfg, act, match))
         need.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
-        layers = [GdnLayer(cfg, lw, dtype, tp and tp.layer_spec()).to(dev) for lw in ckpt.layers]
-        engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs, match)
-        if tp is not None:
-            tp.mark(engines)
-        feeds = PleFeeds(cfg, ckpt.ple_tables, options.limits, dev) if cfg.ple_layer_ids else None
-        sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype, weights_digest(ckpt), tp), options)
+        # the session's device current while it is built: engines (TensorRT contexts) and events follow it
+        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+            layers = [GdnLayer(cfg, lw, dtype, tp and tp.layer_spec()).to(dev) for lw in ckpt.layers]
+            engines = build_engines(backend, layers, engines_dir, dev, options.limits.max_seqs, match)
+            if tp is not None:
+                tp.mark(engines)
+            feeds = PleFeeds(cfg, ckpt.ple_tables, options.limits, dev) if cfg.ple_layer_ids else None
+            sess = cls(_Parts(cfg, layers, engines, feeds, dev, dtype, weights_digest(ckpt), tp), options)
         sess._tmp = tmp
         return sess
 
@@ -222,7 +225,8 @@ class Session:
         self.graphs = GraphCache(self.stack, self.selector, self._stats.graphs, self.feeds, pack)
         self._seqs = SeqTable(self.limits.max_seqs, self.limits.max_draft, self.feeds is not None)
         self._steps = StepParts(self.cfg, self.limits, self.dtype, self.device, self._seqs, self.pool, self.stack,
-                                self.selector, self.graphs, self.feeds, self.adapters, self._stats, pack)
+                                self.selector, self.graphs, self.feeds, self.adapters, self._stats, pack,
+                                Guard(self.device.index if self.device.type == "cuda" else None))
         self._guard = self._steps.guard
         self._step: Step | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
@@ -249,7 +253,7 @@ class Session:
         self._slots().unregister(name, self._seqs.adapters())
         self._seqs.forget(name)
 
-    @guarded
+    @guarded(host_only=True)
     def adapter_of(self, seq: int) -> str | None:
         return self._seqs[seq].adapter
 
@@ -276,13 +280,13 @@ class Session:
         self._idle()
         self.pool.free(self._seqs.remove(seq))
 
-    @guarded
+    @guarded(host_only=True)
     def position(self, seq: int) -> int:
         """Tokens committed to the sequence's state."""
         return int(self._seqs.position[self._seqs.slot(seq)])
 
     @property
-    @guarded
+    @guarded(host_only=True)
     def sequences(self) -> list[int]:
         return self._seqs.ids()
 
@@ -390,7 +394,7 @@ class Session:
         self._stats.restored_tokens += state.position
         return seq
 
-    @guarded
+    @guarded(host_only=True)
     def stats(self) -> SessionStats:
         if self.feeds is not None:
             self._stats.ple = self.feeds.counters()

@@ -147,3 +147,34 @@ def test_a_guarded_call_keeps_its_signature_and_the_holder_reenters_uncounted():
     with s.begin_step([a, b], "decode") as st:
         st.run(h[3:5], copy=True)
     assert s._guard.holder is None and y.shape == (1, s.cfg.stream_dim)
+
+
+def test_device_work_is_refused_while_another_cuda_device_is_current(monkeypatch):
+    """A session on cuda:1 called while cuda:0 is current (Triton launches and the session's events and capture
+    stream would follow cuda:0): every call that launches device work is a `WrongDeviceError` naming both devices
+    and changes nothing; the host-only queries answer; with cuda:1 current the same calls run and equal a twin's.
+    (CPU: the session's guard is given the index a session opened on cuda:1 has, the current device is patched.)"""
+    from gdn_trt.runtime.guard import WrongDeviceError
+
+    s, t, h, a, b = _world()
+    s._guard.cuda = 1
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    before = fingerprint(s)
+    calls = [lambda: s.decode({b: h[3:4]}), lambda: s.verify({b: h[3:5]}), lambda: s.add_sequence(),
+             lambda: s.release(b), lambda: s.snapshot(b), lambda: s.begin_step([b], "decode"),
+             lambda: s.accept({b: 0}), lambda: s.prefill(b, h[:1]), lambda: s.accept_batch([b], [0])]
+    for call in calls:
+        with pytest.raises(WrongDeviceError, match=r"on cuda:1 but cuda:0 is the current device.*"
+                                                   r"torch\.cuda\.device\(1\)") as info:
+            call()
+        assert isinstance(info.value, GdnTrtError) and s._guard.holder is None
+    assert fingerprint(s) == before
+    assert (s.position(a), sorted(s.sequences), s.adapter_of(a)) == (t.position(a), sorted(t.sequences), None)
+    assert s.stats().table() == t.stats().table()
+    current[0] = 1
+    assert torch.equal(s.decode({b: h[3:4]})[b], t.decode({b: h[3:4]})[b])
+    with s.begin_step([a], "decode") as st:
+        current[0] = 0  # the step's own calls pass as the holder's: the check ran when it opened
+        y = st.run(h[4:5])
+    assert torch.equal(y, t.decode({a: h[4:5]})[a])
