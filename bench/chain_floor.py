@@ -13,6 +13,8 @@ bench/runtime.py's stack (4 Qwen3-Next GDN layers, bf16 activations, fp32 state;
 - `1 a layer`: one launch a layer (what a persistent layer kernel could reach);
 - `3 a layer`: the norm with in_proj, the conv with the GDN decode, the gated norm with out_proj;
 - `6 a layer`: the step's six kernels with PDL as the step launches them, and `6 a layer, no PDL`;
+- `out_proj to in_proj`: out_proj, the next layer's input norm and its in_proj in one launch (a persistent kernel
+  whose programs stream the next weights while out_proj's last tiles and the norm finish), the rest as the step;
 - `ours`: the step itself, its CUDA graphs replayed back to back (bench/runtime.py's `static` stack, `replay_us`).
 A chain is timed as back-to-back steps captured in one CUDA graph (`common.time_cuda`). `over_floor` is the row's
 time over `floor`; `excess_us` its time less the floor. Writes `<out>/<date>-chain-floor.{json,md,png}`.
@@ -35,9 +37,10 @@ from gdn_trt.runtime.budget import slot_bytes, weight_bytes
 
 BLOCK, WARPS = 4096, 8  # probes.copy_kernel's launch: 16 KB of fp32 a program
 KERNELS = ("norm", "in_proj", "conv", "gdn", "gated_norm", "out_proj")
-# how each chain merges the layer's six kernels into launches
-CHAINS = {"1 a layer": (KERNELS,), "3 a layer": (KERNELS[:2], KERNELS[2:4], KERNELS[4:]),
-          "6 a layer": tuple((k,) for k in KERNELS)}
+# each chain: the kernels before which a new launch starts (the step's kernels in order, layer after layer)
+CHAINS = {"1 launch": frozenset(), "1 a layer": frozenset({"norm"}),
+          "3 a layer": frozenset({"norm", "conv", "gated_norm"}), "6 a layer": frozenset(KERNELS),
+          "out_proj to in_proj": frozenset({"conv", "gdn", "gated_norm", "out_proj"})}
 
 
 def layer_bytes(cfg: GdnConfig, n: int) -> dict[str, tuple[int, int]]:
@@ -54,13 +57,17 @@ def layer_bytes(cfg: GdnConfig, n: int) -> dict[str, tuple[int, int]]:
             "out_proj": (C * Vd * a + n * Vd * a, n * C * a)}
 
 
-def launch_sizes(cfg: GdnConfig, n: int, groups: tuple[tuple[str, ...], ...] | None) -> list[tuple[int, int]]:
-    """(values read, values written) of each launch of a step whose layers launch `groups` (the kernels each
-    launch stands for); None: one launch for the whole step."""
-    per, layers = layer_bytes(cfg, n), len(cfg.gdn_layer_ids)
-    if groups is None:
-        return [tuple(sum(v[i] for v in per.values()) * layers // 4 for i in (0, 1))]
-    return [tuple(sum(per[k][i] for k in g) // 4 for i in (0, 1)) for _ in range(layers) for g in groups]
+def launch_sizes(cfg: GdnConfig, n: int, cuts: frozenset[str]) -> list[tuple[int, int]]:
+    """(values read, values written) of each launch of a step over n sequences whose launches start before the
+    kernels named in `cuts` (and at the step's first kernel)."""
+    per, sizes = layer_bytes(cfg, n), []
+    for _ in cfg.gdn_layer_ids:
+        for k in KERNELS:
+            if k in cuts or not sizes:
+                sizes.append([0, 0])
+            sizes[-1][0] += per[k][0]
+            sizes[-1][1] += per[k][1]
+    return [(rd // 4, wr // 4) for rd, wr in sizes]
 
 
 class Chain:
@@ -107,10 +114,9 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> list[dict]:
                                        "over_floor": us / floor if floor and us else None,
                                        "excess_us": us - floor if floor and us else None}
         rows.append(row("floor", 0, floor))
-        cases = [("1 launch", None, True)] + [(v, g, True) for v, g in CHAINS.items()]
-        cases.append(("6 a layer, no PDL", CHAINS["6 a layer"], False))
-        for v, groups, pdl in cases:
-            chain = Chain(launch_sizes(cfg, n, groups), device)
+        cases = [(v, cuts, True) for v, cuts in CHAINS.items()] + [("6 a layer, no PDL", CHAINS["6 a layer"], False)]
+        for v, cuts, pdl in cases:
+            chain = Chain(launch_sizes(cfg, n, cuts), device)
             launches = len(chain.launches)
             if smoke:
                 chain(False)
