@@ -97,7 +97,7 @@ def test_gluon_state_pass_compiles_for_sm90(dt):
     from gdn_trt.plugins.gated_delta_rule import gluon_state as gs
 
     def desc(block):
-        return f"tensordesc<{dt}[{block[0]}, {block[1]}],{gs._layout(block)!r}>"
+        return f"tensordesc<{dt}[{block[0]}, {block[1]}],{gs._layout(block[1])!r}>"
 
     bv = 32  # the one V-tile `gluon_state.usable` takes
     sig = {"w_d": desc([64, 128]), "k_d": desc([64, 128]), "u_d": desc([64, bv]), "h_d": desc([128, bv]),

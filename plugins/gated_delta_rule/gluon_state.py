@@ -30,6 +30,8 @@ rows are zeroed in shared memory, and v_new is stored through a row mask instead
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:  # Gluon is Triton's (experimental): where it is missing, `usable` says no and the Triton pass runs
@@ -238,9 +240,12 @@ def usable(q: torch.Tensor, k: torch.Tensor, K: int, V: int, bv: int) -> bool:
         k.data_ptr() % 16 == 0
 
 
-def _layout(block: list[int]):
-    """The NVMMA shared layout of a [rows, cols] tile of 2-byte elements: the widest swizzle its rows allow."""
-    row_bytes = block[1] * 2
+@functools.cache
+def _layout(cols: int):
+    """The NVMMA shared layout of a tile of `cols` 2-byte elements a row: the widest swizzle its rows allow. Made once
+    per width (layouts are immutable): a 4096-token prefill step built 20 (five per layer's launcher), 7 ms of
+    cProfile's time over 30 steps on the H200 (bench/results/2026-12-05-eager-profile.txt, profiler-inflated)."""
+    row_bytes = cols * 2
     swizzle = 128 if row_bytes % 128 == 0 else 64 if row_bytes % 64 == 0 else 32
     return gl.NVMMASharedLayout(swizzle, 16, rank=2)
 
@@ -254,7 +259,7 @@ def launcher(k, rk, w, u, gam, h, v_new, pool, cap, seq, bv: int):
     HV, V = u.shape[1:]
 
     def desc(t: torch.Tensor, shape: list[int], stride: list[int], block: list[int]):
-        return TensorDescriptor(t, shape, stride, block, _layout(block))
+        return TensorDescriptor(t, shape, stride, block, _layout(block[1]))
 
     descs = (desc(w, [T, HV * K], [HV * K, 1], [BT, K]), desc(k, [T, H * K], [k.stride(0), 1], [BT, K]),
              desc(u, [T, HV * V], [HV * V, 1], [BT, bv]), desc(h, [h.shape[0] * HV * K, V], [V, 1], [K, bv]),
