@@ -30,7 +30,7 @@ import probes
 import torch
 import triton
 
-from common import RESULTS, copy_bandwidth, device_info, time_cuda, write_results
+from common import RESULTS, copy_bandwidth, device_info, grouped_bars, time_cuda, write_results
 
 from gdn_trt.model.config import GdnConfig
 from gdn_trt.runtime.budget import slot_bytes, weight_bytes
@@ -142,11 +142,8 @@ def plot(rows: list[dict], path: Path) -> None:
     ns = sorted({r["n"] for r in rows})
     names = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "floor"]
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    w = 0.8 / len(names)
-    for i, v in enumerate(names):
-        ys = [next((r["over_floor"] or 0 for r in rows if r["variant"] == v and r["n"] == n), 0) for n in ns]
-        ax.bar([k + i * w for k in range(len(ns))], ys, w, label=v)
-    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(ns))], [f"N = {n}" for n in ns])
+    grouped_bars(ax, ns, {v: [next((r["over_floor"] or 0 for r in rows if r["variant"] == v and r["n"] == n), 0)
+                              for n in ns] for v in names})
     ax.axhline(1.25, color="r", lw=0.8, ls="--", label="issue 15's target")
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_ylabel("step time / floor")

@@ -221,3 +221,11 @@ def pdl_off(module: ModuleType | None):
     finally:
         for name, f in real.items():
             setattr(module, name, f)
+
+
+def grouped_bars(ax, ns: list[int], series: dict[str, list[float]]) -> None:
+    """One group of bars per N (labelled "N = n"), one bar per series in each, with a legend label per series."""
+    w = 0.8 / len(series)
+    for i, (name, ys) in enumerate(series.items()):
+        ax.bar([k + i * w for k in range(len(ns))], ys, w, label=name)
+    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(ns))], [f"N = {n}" for n in ns])

@@ -27,7 +27,7 @@ from pathlib import Path
 import runtime as rb  # bench/runtime.py: the session, stack and timing
 from host_profile import bare
 
-from common import RESULTS, device_info, pdl_off, write_results
+from common import RESULTS, device_info, grouped_bars, pdl_off, write_results
 
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri
 from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
@@ -83,11 +83,8 @@ def plot(rows: list[dict], path: Path) -> None:
     base = "off" if "off" in names else names[0]
     off = {r["n"]: r["replay_us"] for r in rows if r["variant"] == base}
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    w = 0.8 / len(names)
-    for i, v in enumerate(names):
-        ys = [next((r["replay_us"] / off[n] for r in rows if r["variant"] == v and r["n"] == n), 0) for n in ns]
-        ax.bar([k + i * w for k in range(len(ns))], ys, w, label=v)
-    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(ns))], [f"N = {n}" for n in ns])
+    grouped_bars(ax, ns, {v: [next((r["replay_us"] / off[n] for r in rows if r["variant"] == v and r["n"] == n), 0)
+                              for n in ns] for v in names})
     ax.set_ylabel(f"step replay time / {base}")
     ax.set_ylim(0.8, 1.15)
     ax.axhline(1.0, color="k", lw=0.6)
