@@ -13,8 +13,6 @@ bench/runtime.py's stack (4 Qwen3-Next GDN layers, bf16 activations, fp32 state;
 - `1 a layer`: one launch a layer (what a persistent layer kernel could reach);
 - `3 a layer`: the norm with in_proj, the conv with the GDN decode, the gated norm with out_proj;
 - `6 a layer`: the step's six kernels with PDL as the step launches them, and `6 a layer, no PDL`;
-- `out_proj to in_proj`: out_proj, the next layer's input norm and its in_proj in one launch (a persistent kernel
-  whose programs stream the next weights while out_proj's last tiles and the norm finish), the rest as the step;
 - `ours`: the step itself, its CUDA graphs replayed back to back (bench/runtime.py's `static` stack, `replay_us`).
 A chain is timed as back-to-back steps captured in one CUDA graph (`common.time_cuda`). `over_floor` is the row's
 time over `floor`; `excess_us` its time less the floor. Writes `<out>/<date>-chain-floor.{json,md,png}`.
@@ -39,8 +37,9 @@ BLOCK, WARPS = 4096, 8  # probes.copy_kernel's launch: 16 KB of fp32 a program
 KERNELS = ("norm", "in_proj", "conv", "gdn", "gated_norm", "out_proj")
 # each chain: the kernels before which a new launch starts (the step's kernels in order, layer after layer)
 CHAINS = {"1 launch": frozenset(), "1 a layer": frozenset({"norm"}),
-          "3 a layer": frozenset({"norm", "conv", "gated_norm"}), "6 a layer": frozenset(KERNELS),
-          "out_proj to in_proj": frozenset({"conv", "gdn", "gated_norm", "out_proj"})}
+          "3 a layer": frozenset({"norm", "conv", "gated_norm"}), "6 a layer": frozenset(KERNELS)}
+# (no chain merges across layers: in a model the host's MLP or attention runs between two GDN layers, so only this
+# benchmark's stack of GDN layers back to back would have out_proj and the next layer's in_proj adjacent)
 
 
 def layer_bytes(cfg: GdnConfig, n: int) -> dict[str, tuple[int, int]]:
