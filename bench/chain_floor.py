@@ -33,7 +33,7 @@ from common import RESULTS, copy_bandwidth, device_info, grouped_bars, time_cuda
 from gdn_trt.model.config import GdnConfig
 from gdn_trt.runtime.budget import slot_bytes, weight_bytes
 
-BLOCK, WARPS = 4096, 8  # probes.copy_kernel's launch: 16 KB of fp32 a program
+BLOCK, WARPS = 4096, 8  # variants.floors' Triton copy: 16 KB of fp32 a program
 KERNELS = ("norm", "in_proj", "conv", "gdn", "gated_norm", "out_proj")
 # each chain: the kernels before which a new launch starts (the step's kernels in order, layer after layer)
 CHAINS = {"1 launch": frozenset(), "1 a layer": frozenset({"norm"}),
@@ -117,15 +117,10 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> list[dict]:
         for v, cuts, pdl in cases:
             chain = Chain(launch_sizes(cfg, n, cuts), device)
             launches = len(chain.launches)
-            if smoke:
-                chain(False)
-                chain.check()
-                us = None
-            else:
-                chain(pdl and torch.cuda.get_device_capability()[0] >= 9)
-                torch.cuda.synchronize()
-                chain.check()
-                us = time_cuda(lambda i: chain(pdl), target_s=20e-3, reps=15).median_s * 1e6
+            on = pdl and not smoke and torch.cuda.get_device_capability()[0] >= 9  # PDL: sm_90+
+            chain(on)
+            chain.check()  # on the device, its equality waits for the launches
+            us = None if smoke else time_cuda(lambda i: chain(on), target_s=20e-3, reps=15).median_s * 1e6
             rows.append(row(v, launches, us))
             print(f"N={n:4d} {v:20s} {launches:3d} launches  {us if us is None else round(us, 1)} us", flush=True)
             del chain

@@ -2,7 +2,9 @@
 differently, timed beside the real kernels to find where their time goes (no hardware counters on the H200 here).
 
 - `empty_kernel`: one program that returns at once: the per-launch floor of a CUDA-graph replay.
-- `copy_kernel`: a flat fp32 copy in Triton (contiguous blocks): the streaming ceiling of a Triton kernel.
+- `stream_kernel`: a flat fp32 read and write of given counts in Triton (contiguous blocks), after the step's PDL
+  entry: n values each way, the streaming ceiling of a Triton kernel (bench/variants.py's floor); per kernel of the
+  decode step, that kernel's bytes (bench/chain_floor.py's stand-in for it).
 - `rec_copy_kernel`: the decode kernel's state traffic alone: same grid (V-tiles x value heads x sequences), same
   [K, BV] tile, slot lookup and cache hints, the tile stored back unchanged (DIRECT: without the slot lookup).
 - `conv_update_kernel`: the conv's one-token update in three pool layouts ([S, D, 3] ours in round 1, [S, D, 4]
@@ -11,8 +13,6 @@ differently, timed beside the real kernels to find where their time goes (no har
   conv pool's layout since round 2; bench/variants.py runs that one beside the production kernel.
 - `rec_conv_probe_kernel`: the decode step with the conv update fused in, the conv history as a ring indexed by
   token position (the contract change a fused decode op would need), timed against the two launches of today.
-- `stream_kernel`: a flat read and write of given byte counts behind the step's PDL entry: bench/chain_floor.py's
-  stand-in for each kernel of the decode step.
 
 The persistent prefetching decode probe of 2026-12-03-kernels-variants.md is at commit 95c6842.
 """
@@ -30,12 +30,6 @@ from gdn_trt.plugins.gated_delta_rule.triton_recurrent import softplus
 @triton.jit
 def empty_kernel(x):
     pass
-
-
-@triton.jit
-def copy_kernel(src, dst, n, BLOCK: tl.constexpr):
-    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(dst + o, tl.load(src + o, mask=o < n, eviction_policy="evict_first"), mask=o < n, cache_modifier=".cs")
 
 
 @triton.jit
