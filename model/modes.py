@@ -70,7 +70,9 @@ class ModeSpec:
     """One mode. `tokens` / `seqs`: the step's token and sequence dims (1, or the symbols T / N: a mode whose tokens
     are N takes one token per sequence). `token_limit`: the `Limits` field bounding T when it is free (`max_draft`:
     per sequence; `max_tokens`: the whole step). `capture_veto`: why a step cannot be captured in a CUDA graph
-    (None = it can)."""
+    (None = it can: the kernels read the step's offsets and slots from the device, so a captured step of the same
+    sequences and token rows replays for any lengths; a verify step's draft counts vary, so the runtime pads it to a
+    fixed shape, `runtime/select.py`'s `GraphPolicy`)."""
 
     kind: StepKind
     tokens: int | str
@@ -91,7 +93,6 @@ class ModeSpec:
         return self.tokens == self.seqs
 
 
-_DRAFTS = "verify draft counts (0..K per sequence) change every step: no static shape to capture"
 _PROMPTS = "prefill token counts change every step: no static shape to capture"
 
 MODES: dict[LayerMode, ModeSpec] = {
@@ -100,9 +101,9 @@ MODES: dict[LayerMode, ModeSpec] = {
     LayerMode.DECODE_MULTI_SEQ: ModeSpec(StepKind.DECODE, SEQS, SEQS, GDN_RECURRENT, CONV_UPDATE, Writes.POOLS,
                                          Split.SEQS, None, None),
     LayerMode.DECODE_BATCHED: ModeSpec(StepKind.VERIFY, TOKENS, 1, GDN_RECURRENT_STASH, CONV_UPDATE_STASH,
-                                       Writes.STASH, Split.NONE, "max_draft", _DRAFTS),
+                                       Writes.STASH, Split.NONE, "max_draft", None),
     LayerMode.VERIFY_MULTI: ModeSpec(StepKind.VERIFY, TOKENS, SEQS, GDN_RECURRENT_STASH, CONV_UPDATE_STASH,
-                                     Writes.STASH, Split.SEQS, "max_draft", _DRAFTS),
+                                     Writes.STASH, Split.SEQS, "max_draft", None),
     LayerMode.PREFILL: ModeSpec(StepKind.PREFILL, TOKENS, 1, GDN_CHUNKED, CONV_PREFILL, Writes.POOLS_CAPTURE,
                                 Split.TOKENS, "max_tokens", _PROMPTS),
     LayerMode.PREFILL_VARLEN: ModeSpec(StepKind.PREFILL, TOKENS, SEQS, GDN_CHUNKED, CONV_PREFILL,
@@ -124,6 +125,8 @@ def markdown() -> str:
         tokens = f"{m.tokens} (≤ {m.token_limit}{' per sequence' if m.token_limit == 'max_draft' else ''})" \
             if m.token_limit else str(m.tokens)
         graph = "captured" if m.capture_veto is None else f"eager: {m.capture_veto}"
+        if m.kind is StepKind.VERIFY:  # the draft counts vary: a fixed shape needs padding (runtime/select.py)
+            graph += " when padded to a bucket of max_draft token rows a sequence"
         rows.append(f"| `{mode.value}` | {m.kind.value} | {tokens} × {m.seqs} | `{m.gdn.name}` | `{m.conv.name}` | "
                     f"{m.writes.value} | {m.split.value} | {graph} |")
     return "\n".join(rows)

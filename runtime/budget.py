@@ -188,10 +188,11 @@ def lora_slot_bytes(cfg: GdnConfig, lora: LoraLimits, act_dtype: str) -> int:
 
 
 def budget(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, trt_context: int = 0,
-           tp: int = 1) -> Budget:
+           tp: int = 1, verify_graphs: bool = False) -> Budget:
     """The memory budget of a session over `cfg`'s GDN layers at `limits`, activations in `act_dtype`;
     `trt_context`: the TensorRT plans' shared context memory (`backends.trt_context_budget`), 0 without them;
-    `tp` > 1: one rank's budget of the whole model `cfg` split over tp ranks (a `TpError` names the valid sizes)."""
+    `tp` > 1: one rank's budget of the whole model `cfg` split over tp ranks (a `TpError` names the valid sizes);
+    `verify_graphs` (with `graphs`): verify steps captured too, at max_draft token rows a bucket sequence."""
     if tp > 1:
         cfg = shard_config(cfg, Shard(tp, 0))  # every rank holds the same amounts
     a, per_slot = DTYPES[act_dtype].itemsize, slot_bytes(cfg, act_dtype)
@@ -215,6 +216,11 @@ def budget(cfg: GdnConfig, limits: RuntimeLimits, act_dtype: str, graphs: bool, 
         io = toks * (cfg.stream_dim * 3 + cfg.hidden_size) * a + toks * 8
         b.rows.append(BudgetRow(f"decode graphs (buckets {list(limits.buckets())})", io + toks * per_tok, 0,
                                 ("graph_buckets",) if limits.graph_buckets else ("max_seqs",)))
+        if verify_graphs:
+            toks *= limits.max_draft  # fixed x and output rows (a torch copy each way) and the activations
+            b.rows.append(BudgetRow(f"verify graphs (buckets x {limits.max_draft} drafts)",
+                                    toks * (cfg.stream_dim * 2 + cfg.hidden_size) * a + toks * per_tok, 0,
+                                    ("graph_buckets" if limits.graph_buckets else "max_seqs", "max_draft")))
     if limits.lora is not None:
         b.rows.append(BudgetRow(f"LoRA slots ({limits.lora.max_adapters} adapters x rank {limits.lora.max_rank})",
                                 lora_slot_bytes(cfg, limits.lora, act_dtype), 0,

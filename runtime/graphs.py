@@ -1,4 +1,5 @@
-"""CUDA-graph cache for decode steps: one entry per (engines, mode, bucket), captured piecewise around vetoed layers.
+"""CUDA-graph cache for decode and verify steps: one entry per (engines, mode, bucket), captured piecewise around
+vetoed layers.
 
 An entry reads a fixed activation buffer for `bucket` sequences (x, one per bucket size, shared by the entries of
 that size: steps run one at a time; the residual before the first layer is zeros) and the step's index data where the
@@ -6,7 +7,10 @@ step put it: the slots (-1 past the step's sequences), cu_seqlens and LoRA slots
 bucket sit at the start of the session's index buffer (`pack.PackBuffers`), the same addresses every step, and its
 PLE rows at the start of each prestage's fixed buffer, padding rows zero, staged when the step opened. A step of N <=
 bucket sequences copies its x into rows 0..N-1 (a host that wrote its x there itself, `input_rows`, saves the copy);
-the ops skip the padding slots (padding never writes a pool row). The last captured segment also holds the final
+the ops skip the padding slots (padding never writes a pool row). A verify entry (`SessionOptions.verify_graphs`)
+is the same over the bucket's rows (bucket x max_draft): its packing's offsets sit at the start of the cu region,
+the padding sequences own the padding rows (`select.GraphPolicy`), and it writes the stash window from row 0, the
+only window a padded verify gets (`steps._pads`). The last captured segment also holds the final
 residual add, so a replay is one launch and its output one fixed buffer, copied out unless the caller takes the view
 (`run(..., copy=False)`). With `IO` on, a fully captured entry's graph does both itself: it begins and ends with
 `graph_io`'s kernels, which read x from and write the output to the addresses `run` sends as the index buffer's io
@@ -16,13 +20,13 @@ consecutive layers: a segment whose layers have no capture veto is captured once
 -1, so neither warm-up nor capture writes state; the step's slots are put back afterwards) and replayed; a vetoed
 segment runs eagerly on the same padded buffers.
 
-`host_captures` records the (mode, rows, stash row) of steps whose layer calls a host captured in its own CUDA graph
-(`steps.Step.replayed`).
+`host_captures` records the (mode, sequences, rows, stash row) of steps whose layer calls a host captured in its own
+CUDA graph (`steps.Step.replayed`).
 
 Acceptance gate: the first step of an entry is run both ways on the same inputs, the replay first, then the pool
-rows it wrote are put back and the stack runs eagerly; the bucket is used only when outputs and every written
-state row agree bit for bit. Otherwise the eager result stands, the bucket runs eagerly from then on, and the
-log says why (a bucket that silently computes garbage is the failure this prevents).
+rows (verify: the stash rows) it wrote are put back and the stack runs eagerly; the bucket is used only when outputs
+and every written state row agree bit for bit. Otherwise the eager result stands, the bucket runs eagerly from then
+on, and the log says why (a bucket that silently computes garbage is the failure this prevents).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from gdn_trt.model.modes import LayerMode
+from gdn_trt.model.modes import LayerMode, StepKind
 from gdn_trt.plugins.packing import Packing
 
 from . import graph_io
@@ -101,7 +105,7 @@ class GraphCache:
         self._entries: dict[tuple, _Entry] = {}
         self._by_group: dict[int, tuple[Group, tuple]] = {}
         self._inputs: dict[int, _Input] = {}  # bucket -> its fixed x
-        self.host_captures: set[tuple[LayerMode, int, int]] = set()
+        self.host_captures: set[tuple[LayerMode, int, int, int]] = set()
 
     def input_rows(self, bucket: int, n: int) -> Tensor:
         """Rows 0..n-1 of the fixed x of `bucket`: a host that writes its step's input there and passes them to
@@ -146,7 +150,7 @@ class GraphCache:
         self._fill(entry.inp, inp.x, n)
         if entry.gated:
             out = self._replay(entry, ctx)
-            if n != entry.bucket:  # a view costs a call: about 3 us on the H200's host, so the fixed output's is kept
+            if n != entry.x.shape[0]:  # a view costs a call (about 3 us on the H200's host): the fixed output's kept
                 fixed = entry.segments[-1].hidden
                 out = entry.out_rows.get(n) if out is fixed else out[:n]
                 if out is None:
@@ -154,25 +158,27 @@ class GraphCache:
             return out.clone() if copy else out
         return self._gate(key, entry, ctx, inp.pack.slots[:n])
 
-    def replayable(self, bucket: int) -> list[torch.cuda.CUDAGraph] | None:
-        """The graphs of the gated, fully captured decode entry of `bucket` (None if there is none), in order: for
-        benchmarks that time the device work of a step without the runtime's host work around it. Replaying them
-        runs that step again on the inputs and slots the last step left in the fixed buffers (the io words are
-        cleared first: the last step's x and output may be gone)."""
+    def replayable(self, bucket: int, verify: bool = False) -> list[torch.cuda.CUDAGraph] | None:
+        """The graphs of the gated, fully captured decode (`verify`: verify) entry of `bucket` (None if there is
+        none), in order: for benchmarks that time the device work of a step without the runtime's host work around
+        it. Replaying them runs that step again on the inputs and slots the last step left in the fixed buffers
+        (the io words are cleared first: the last step's x and output may be gone)."""
         self.pack.send_io(0, 0, 0)
         for entry in self._entries.values():
-            if entry.bucket == bucket and entry.gated and all(s.captured for s in entry.segments):
+            kind = entry.mode.spec.kind is StepKind.VERIFY
+            if entry.bucket == bucket and kind == verify and entry.gated and all(s.captured for s in entry.segments):
                 return [s.graph for s in entry.segments]
         return None
 
     # ---- building ----
     def _build(self, g: Group, inp: Packed, ctx: StepContext) -> _Entry:
-        B, cfg, dev = g.bucket, self.stack.cfg, self.stack.pool.device
-        fixed = self._input(B)
+        R, cfg, dev = g.rows, self.stack.cfg, self.stack.pool.device
+        fixed = self._input(R)
         x = fixed.x
-        residual = None if cfg.is_hc else torch.zeros((B, cfg.hidden_size), dtype=x.dtype, device=dev)
-        entry = _Entry(g.mode, B, fixed, residual, inp.pack, inp.lora_idx)
-        entry.io = self.io and all(v is None for v in g.vetoes)
+        residual = None if cfg.is_hc else torch.zeros((R, cfg.hidden_size), dtype=x.dtype, device=dev)
+        entry = _Entry(g.mode, g.bucket, fixed, residual, inp.pack, inp.lora_idx)
+        # graph_io's kernels move a row per slot: decode only
+        entry.io = self.io and g.mode.spec.one_token_per_sequence and all(v is None for v in g.vetoes)
         seg_in = Packed(x, residual, entry.pack, entry.lora_idx)
         mempool = torch.cuda.graph_pool_handle()
         saved = entry.pack.slots.clone()  # the step's slots: the warm-ups and the capture run with every slot -1
@@ -196,18 +202,18 @@ class GraphCache:
             entry.pack.slots.copy_(saved)
         return entry
 
-    def _input(self, bucket: int) -> _Input:
-        fixed = self._inputs.get(bucket)
+    def _input(self, rows: int) -> _Input:
+        fixed = self._inputs.get(rows)
         if fixed is None:
             cfg, pool = self.stack.cfg, self.stack.pool
-            x = torch.zeros((bucket, cfg.stream_dim), dtype=pool.spec.act_dtype, device=pool.device)
-            fixed = self._inputs[bucket] = _Input(x)
+            x = torch.zeros((rows, cfg.stream_dim), dtype=pool.spec.act_dtype, device=pool.device)
+            fixed = self._inputs[rows] = _Input(x)
         return fixed
 
     def _capture(self, entry: _Entry, seg: _Segment, ctx: StepContext, mempool: tuple, last: bool) -> None:
         """Warm up and capture one segment with every slot -1 (nothing is written), reading fixed PLE buffers; the
         stack's last segment with the final residual add."""
-        ctx = StepContext(ctx.rows, None, None)
+        ctx = StepContext(ctx.rows, None, None, ctx.stash_at)
         entry.pack.slots.fill_(-1)
         side = torch.cuda.Stream(self.stack.pool.device)
         side.wait_stream(torch.cuda.current_stream())
@@ -289,17 +295,20 @@ class GraphCache:
         """First use: replay, put the written rows back, run eagerly on the same inputs, compare bit for bit. An io
         entry's replay read x by address (`x`: None when it was in place) and also wrote `out`: the eager run reads x
         as torch copies it, not as the graph's rows_in did, and `out` must equal its output too, so both io kernels
-        are under the gate."""
-        idx = slots.to(torch.int64)
-        n = idx.numel()
-        before = self._rows(idx)
+        are under the gate. `slots`: the decode step's (a row each)."""
+        verify = entry.mode.spec.kind is StepKind.VERIFY
+        n = entry.inp.dirty  # the step's rows
+        state = self._state(verify)
+        # verify: the stash window (from row ctx.stash_at, the bucket's rows); decode: the step's pool rows
+        idx = (torch.arange(entry.x.shape[0], device=slots.device) + ctx.stash_at) if verify else slots.to(torch.int64)
+        before = self._rows(state, idx)
         got = self._replay(entry, ctx)[:n].clone()
-        after_graph = self._rows(idx)
-        self._put(idx, before)
+        after_graph = self._rows(state, idx)
+        self._put(state, idx, before)
         if x is not None:
             self._fill(entry.inp, x, n)
         want = self._eager(entry, ctx)[:n].clone()
-        after_eager = self._rows(idx)
+        after_eager = self._rows(state, idx)
         name = f"{entry.mode.value} bucket {entry.bucket}"
         output, copied = torch.equal(got, want), out is None or torch.equal(out, want)
         if output and copied and all(torch.equal(a, b) for a, b in zip(after_graph, after_eager)):
@@ -319,11 +328,17 @@ class GraphCache:
         del self._entries[key]
         return want
 
-    def _rows(self, idx: Tensor) -> list[Tensor]:
-        return [t.index_select(0, idx) for st in self.stack.pool.layers.values() for t in st.tensors()]
+    def _state(self, verify: bool) -> list[Tensor]:
+        """The buffers a step writes: every layer's stash (verify) or pool."""
+        if verify:
+            return [t for s in self.stack.buffers.stash.values() for t in (s.conv, s.ssm, s.ple_conv) if t is not None]
+        return [t for st in self.stack.pool.layers.values() for t in st.tensors()]
 
-    def _put(self, idx: Tensor, saved: list[Tensor]) -> None:
-        it = iter(saved)
-        for st in self.stack.pool.layers.values():
-            for t in st.tensors():
-                t.index_copy_(0, idx, next(it))
+    @staticmethod
+    def _rows(state: list[Tensor], idx: Tensor) -> list[Tensor]:
+        return [t.index_select(0, idx) for t in state]
+
+    @staticmethod
+    def _put(state: list[Tensor], idx: Tensor, saved: list[Tensor]) -> None:
+        for t, v in zip(state, saved):
+            t.index_copy_(0, idx, v)

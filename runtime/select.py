@@ -39,8 +39,10 @@ class Work:
 @dataclass(frozen=True)
 class Group:
     """Sequences of one kind run together: how many and their tokens, the mode, one engine per layer (stack order),
-    the CUDA-graph bucket (None = eager, unpadded) and, per layer, the capture veto (None = that layer replays from a
-    graph). `work`: the sequences, when the group was selected from `Work` items (`Selector.select`)."""
+    the CUDA-graph bucket (sequences; None = eager, unpadded), the token rows of the padded step (`rows`: the bucket
+    for decode, the bucket x max_draft for verify; None without a bucket) and, per layer, the capture veto (None =
+    that layer replays from a graph). `work`: the sequences, when the group was selected from `Work` items
+    (`Selector.select`)."""
 
     kind: StepKind
     mode: LayerMode
@@ -48,6 +50,7 @@ class Group:
     tokens: int
     engines: tuple[Engine, ...]
     bucket: int | None
+    rows: int | None
     vetoes: tuple[str | None, ...]
     work: tuple[Work, ...] = ()
 
@@ -70,13 +73,20 @@ class Group:
 
 @dataclass(frozen=True)
 class GraphPolicy:
-    """What may be captured: `enabled` (False = every step eager), the decode `buckets`, and whether the PLE
-    prestage is hoisted before replay (`ple_hoisted`; otherwise PLE layers veto decode capture, though the step
-    stages their rows when it opens either way)."""
+    """What may be captured: `enabled` (False = every step eager), the `buckets` (sequences), whether the PLE
+    prestage is hoisted before replay (`ple_hoisted`; otherwise PLE layers veto capture, though the step stages
+    their rows when it opens either way), and `draft`: the max_draft that verify steps are padded to (0 = verify
+    steps run eagerly, unpadded).
+
+    A verify group of n sequences with T draft tokens is padded to a bucket B of sequences and B x draft token rows:
+    the padding sequences (slot -1) take no state and the last of them owns the padding tokens, so the packing's
+    offsets still rise to the step's rows. That needs a padding sequence whenever T < n x draft, so such a group
+    takes the smallest bucket above n; a group whose every sequence drafts `draft` tokens the smallest bucket >= n."""
 
     enabled: bool
     buckets: tuple[int, ...]
     ple_hoisted: bool
+    draft: int = 0
 
 
 class Selector:
@@ -110,7 +120,7 @@ class Selector:
             part = tuple(w for w in work if w.kind is kind)
             if part:
                 g = self.group(kind, len(part), sum(w.tokens for w in part))
-                groups.append(Group(g.kind, g.mode, g.seqs, g.tokens, g.engines, g.bucket, g.vetoes, part))
+                groups.append(Group(g.kind, g.mode, g.seqs, g.tokens, g.engines, g.bucket, g.rows, g.vetoes, part))
         return groups
 
     def group(self, kind: StepKind, n: int, tokens: int) -> Group:
@@ -133,11 +143,11 @@ class Selector:
         single = len(getattr(eng, "layer_ids", (eng.layer_idx,))) == 1  # a stack engine runs its layers together
         if single and part in eng.parts():
             return eng
-        key = (g.mode, k, part, g.bucket or g.tokens)
+        key = (g.mode, k, part, g.bucket, g.rows or g.tokens)
         hit = self._parts.get(key)
         if hit is None:
             rows = g.bucket or g.seqs
-            tokens = g.tokens if g.bucket is None else rows
+            tokens = g.rows or g.tokens
             for c in self.engines[k]:
                 alone = len(getattr(c, "layer_ids", (c.layer_idx,))) == 1
                 if alone and part in c.parts() and g.mode in c.modes() and c.refuse(g.mode, rows, tokens) is None:
@@ -152,21 +162,28 @@ class Selector:
     def _choose(self, kind: StepKind, n: int, tokens: int) -> Group:
         refusals = []
         for mode in candidates(kind, n == 1):
-            bucket = self._bucket(mode, n)
-            rows = bucket or n
-            chosen = []
-            for cands in self.engines:
-                eng = self._engine(cands, mode, rows, tokens if bucket is None else rows, refusals)
-                if eng is None:
-                    break
-                chosen.append(eng)
-            else:
-                vetoes = tuple(self._veto(e, mode, bucket) for e in chosen)
-                g = Group(kind, mode, n, tokens, tuple(chosen), bucket, vetoes)
-                self.say(f"{kind.value} x{n}: {mode.value} on {'/'.join(sorted({e.name for e in chosen}))}, "
-                         f"{g.path}{f' (bucket {bucket})' if bucket else ''}"
-                         f"{f'; {g.veto}' if g.veto else ''}")
-                return g
+            bucket, unfit = self._bucket(mode, n, tokens)
+            # a verify group whose padded shape some engine refuses runs unpadded instead (a decode group's mode is
+            # refused, as before: its bucket is its shape)
+            tries = (bucket, None) if bucket is not None and kind is StepKind.VERIFY else (bucket,)
+            for b in tries:
+                if b is None and bucket is not None:
+                    unfit = f"an engine refuses the padded verify (bucket {bucket}): {refusals[-1]}"
+                rows = None if b is None else b * (self.policy.draft if kind is StepKind.VERIFY else 1)
+                chosen = []
+                for cands in self.engines:
+                    eng = self._engine(cands, mode, b or n, rows or tokens, refusals)
+                    if eng is None:
+                        break
+                    chosen.append(eng)
+                else:
+                    vetoes = tuple(self._veto(e, mode, b, unfit) for e in chosen)
+                    g = Group(kind, mode, n, tokens, tuple(chosen), b, rows, vetoes)
+                    self.say(f"{kind.value} x{n}: {mode.value} on {'/'.join(sorted({e.name for e in chosen}))}, "
+                             f"{g.path}{f' (bucket {b}' if b else ''}{f', {rows} rows' if b and rows != b else ''}"
+                             f"{')' if b else ''}"
+                             f"{f'; {g.veto}' if g.veto else ''}")
+                    return g
         raise NoEngineError(f"no engine covers a {kind.value} step of {n} sequences and {tokens} tokens: "
                             + "; ".join(refusals))
 
@@ -181,28 +198,37 @@ class Selector:
             self.say(msg)
         return None
 
-    def _bucket(self, mode: LayerMode, n: int) -> int | None:
-        """The graph bucket of a decode group of n sequences, or None when it runs eagerly (logged once)."""
-        if not mode.spec.one_token_per_sequence:
-            return None
+    def _bucket(self, mode: LayerMode, n: int, tokens: int) -> tuple[int | None, str | None]:
+        """The graph bucket of a decode or verify group of n sequences and `tokens` tokens, or None and why it runs
+        eagerly (`GraphPolicy`; logged once)."""
+        m = mode.spec
+        verify = m.kind is StepKind.VERIFY
+        if not (m.one_token_per_sequence or verify):
+            return None, None
         if not self.policy.enabled:
             self.say("CUDA graphs off: every step runs eagerly")
-            return None
-        if mode.spec.single_sequence:
-            return 1
-        fits = [b for b in self.policy.buckets if b >= n]
+            return None, None
+        if verify and not self.policy.draft:
+            return None, "verify steps run eagerly (SessionOptions.verify_graphs is off)"
+        full = not verify or tokens == n * self.policy.draft  # no padding tokens: no padding sequence to own them
+        if m.single_sequence:
+            return (1, None) if full else (None, f"{mode.value} pads no tokens: {tokens} of {self.policy.draft} "
+                                                 "drafts")
+        least = n if full else n + 1
+        fits = [b for b in self.policy.buckets if b >= least]
         if not fits:
-            self.say(f"decode of {n} sequences exceeds the largest graph bucket {max(self.policy.buckets)}: eager",
-                     logging.WARNING)
-            return None
-        return min(fits)
+            why = (f"{m.kind.value} of {n} sequences{'' if full else ' and a padding sequence'} exceeds the largest "
+                   f"graph bucket {max(self.policy.buckets)}")
+            self.say(f"{why}: eager", logging.WARNING)
+            return None, why
+        return min(fits), None
 
-    def _veto(self, engine: Engine, mode: LayerMode, bucket: int | None) -> str | None:
+    def _veto(self, engine: Engine, mode: LayerMode, bucket: int | None, unfit: str | None) -> str | None:
         why = engine.capture_veto(mode)
         if why is None and not self.policy.enabled:
             why = "CUDA graphs are off for this session"
         if why is None and bucket is None:
-            why = f"the step exceeds the largest graph bucket {max(self.policy.buckets)}"
+            why = unfit or "no graph bucket fits the step"
         if why is None and (mode, bucket) in self.failed_buckets:
             why = f"bucket {bucket} failed its acceptance gate: {self.failed_buckets[(mode, bucket)]}"
         if why is None and set(engine.layer_ids) & self.ple_layers and not self.policy.ple_hoisted:

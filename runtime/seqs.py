@@ -224,6 +224,10 @@ class SeqTable:
                                 "rejects every draft)")
         return self._distinct(seqs, slot)
 
+    def stash_held(self) -> bool:
+        """Whether some pending verify holds stash rows."""
+        return bool(((self.pend_epoch >= 0) & (self.pend_count > 0)).any())
+
     def stash_window(self, tokens: int, capacity: int, move: Callable[[int, int, int], None]) -> int:
         """The first stash row of a verify of `tokens` rows: the lowest gap between the pending verifies' rows that
         fits, after packing the pending rows to the start (`move(src, dst, n)`: rows [src, src+n) to dst < src, on

@@ -126,6 +126,8 @@ class SessionOptions:
         limits: buffer sizes (max_seqs, max_prefill_tokens, max_draft, graph buckets, PLE cache rows).
         dtype: activation dtype; None = fp32 on the CPU, the config's dtype on CUDA.
         graphs: capture decode steps as CUDA graphs where no layer vetoes (CUDA only).
+        verify_graphs: capture verify steps too (with `graphs`), each padded to a bucket of sequences with max_draft
+            token rows a sequence (`select.GraphPolicy`): a graph per bucket, whose activations the budget counts.
         ple_hoisted: PLE rows are staged when a step opens either way; False makes PLE layers veto the runtime's
             decode capture (graph segments around them: the layout before the step context, kept to compare).
         memory_budget: bytes the memory budget must fit; None = the device's free memory.
@@ -137,6 +139,7 @@ class SessionOptions:
     limits: RuntimeLimits = field(default_factory=RuntimeLimits)
     dtype: torch.dtype | None = None
     graphs: bool = True
+    verify_graphs: bool = False
     ple_hoisted: bool = True
     memory_budget: int | None = None
     seed: int = 0
@@ -186,7 +189,8 @@ class Session:
         dtype = options.dtype or act_dtype(cfg, dev)
         act, match = dtype_name(dtype), PlanMatch(options.limits.lora, ckpt.merged_adapter)
         need = budget(cfg, options.limits, act, options.graphs and dev.type == "cuda",
-                      trt_context_budget(backend, engines_dir, dev, cfg, act, match))
+                      trt_context_budget(backend, engines_dir, dev, cfg, act, match),
+                      verify_graphs=options.verify_graphs)
         need.check(options.memory_budget if options.memory_budget is not None else available_memory(dev), str(dev))
         # the session's device current while it is built: engines (TensorRT contexts) and events follow it
         with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
@@ -217,7 +221,8 @@ class Session:
         self.stack.lora = self.adapters
         self.tp = self.stack.tp = parts.tp
         graphs = options.graphs and self.device.type == "cuda"
-        policy = GraphPolicy(graphs, self.limits.buckets(), options.ple_hoisted)
+        policy = GraphPolicy(graphs, self.limits.buckets(), options.ple_hoisted,
+                             self.limits.max_draft if options.verify_graphs else 0)
         ple = self.feeds.layers if self.feeds else frozenset()
         self.selector = Selector(parts.engines, policy, ple)
         self._stats = SessionStats(tp=None if parts.tp is None else parts.tp.describe())

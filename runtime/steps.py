@@ -12,7 +12,11 @@ captures.
 Per group the layer call runs one engine per layer: the whole decoder layer of the checkpoint (`layer`), or the
 token mixer alone (`mixer`, Hugging Face's `linear_attn`: normed hidden in, mixer output out). A decode group with a
 CUDA-graph bucket B takes either its n rows or B rows (the host's graph pads to the bucket): rows n..B are padding
-(slot -1: no state is read or written for them, their outputs are zero or garbage the host ignores).
+(slot -1: no state is read or written for them, their outputs are zero or garbage the host ignores). A verify group
+with a bucket (`SessionOptions.verify_graphs`) takes its T rows or the bucket's B x max_draft: B - n padding
+sequences follow its n, the last owning the padding rows T.. (`select.GraphPolicy`). It is padded only while no
+other sequence's verify holds stash rows (the steady verify-accept loop), so its stash window starts at row 0 and
+holds the padded rows; otherwise that step runs unpadded.
 
 Failure: a call that is refused (out of order, a layer twice, bad shape) raises and changes nothing. A step left
 with a layer error (an engine fault, an out-of-memory, an enqueue failure) or abandoned once a layer call was made
@@ -59,11 +63,11 @@ class StepError(GdnTrtError, RuntimeError):
 
 @dataclass
 class _Bound:
-    """One group's device inputs: unpadded (n sequences, their tokens) and padded to the bucket (decode groups with
-    one; otherwise the same views)."""
+    """One group's device inputs: unpadded (n sequences, their tokens) and padded to the bucket (`padded`: decode
+    and verify groups with one, see the module docstring; otherwise the same views)."""
 
     part: Part
-    rows: int  # padded rows (bucket) or tokens
+    rows: int  # padded rows (decode: the bucket; verify: the bucket x max_draft) or tokens
     pack: Packing
     pack_pad: Packing
     lora: Tensor | None
@@ -71,19 +75,21 @@ class _Bound:
     ple: dict[int, Tensor]  # layer -> rows [rows, heads, d_h] (padded)
     capture_at: Tensor | None
     stash_at: int = 0  # a verify group's first stash row (its window: SeqTable.stash_window)
+    padded: bool = False
 
     def __post_init__(self) -> None:
         n, g = self.part.tokens, self.part.group
         ple_n = {i: r[:n] for i, r in self.ple.items()}
         self.ctx = StepContext(ple_n.__getitem__, self.capture_at, None, self.stash_at)
-        self.ctx_pad = StepContext(self.ple.__getitem__, None, None)
-        self.graph = g.bucket if g.bucket is not None and g.path != "eager" else None  # the bucket whose graph runs it
+        self.ctx_pad = StepContext(self.ple.__getitem__, self.capture_at, None, self.stash_at)
+        self.graph = g.bucket if self.padded and g.path != "eager" else None  # the bucket whose graph runs it
 
     def inputs(self, x: Tensor, residual: Tensor | None) -> tuple[Packed, StepContext]:
-        """Packed inputs and context for x of this group's tokens or of its padded rows."""
-        if x.shape[0] == self.part.tokens:
-            return Packed(x, residual, self.pack, self.lora), self.ctx
-        return Packed(x, residual, self.pack_pad, self.lora_pad), self.ctx_pad
+        """Packed inputs and context for x of its padded rows (which are the tokens without padding) or of this
+        group's tokens."""
+        if x.shape[0] == self.rows:
+            return Packed(x, residual, self.pack_pad, self.lora_pad), self.ctx_pad
+        return Packed(x, residual, self.pack, self.lora), self.ctx
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,12 @@ def _capturing(x: Tensor) -> bool:
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+def _host_key(b: _Bound) -> tuple:
+    """What a host's captured step fixes, so that `replayed()` serves the same only: the mode, the sequences and
+    rows of the layer calls (padded where the step is), and the stash window a captured verify writes."""
+    return b.part.group.mode, b.pack_pad.num_seqs, b.rows, b.stash_at
+
+
 def _check_capturable(eng, mode) -> None:
     why = eng.capture_veto(mode)
     if why is not None:
@@ -149,7 +161,7 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
             h[p.n:p.n + pad] = -1
             pk.send(p.n + pad)
             last["held"] = spec
-        b, c = _bind(parts, spec, False, 0, p, pad, 0, 0, 0, 0, stream)
+        b, c = _bind(parts, spec, False, 0, p, (pad, pad, p.group.bucket is not None), 0, 0, 0, 0, stream)
         if parts.feeds is None:  # no rows to stage: the next step of this spec opens from what is bound now
             steady = last["steady"] = _Steady.of(parts, spec, b)
             return Step(parts, spec, steady.binds, (_NO_CARRIES,), steady)
@@ -160,24 +172,29 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
     layout = []
     for p in spec.parts:
         g, n, T = p.group, p.n, p.tokens
-        pad = 0 if g.bucket is None else g.bucket - n  # a decode group padded to its bucket: n == T
+        pads = _pads(parts, p)
+        spad, tpad = pads[0], pads[1]
         h[o_slots + seq_at:o_slots + seq_at + n] = spec.slots[p.s0:p.s1]
-        h[o_slots + seq_at + n:o_slots + seq_at + n + pad] = -1
-        extent = max(extent, o_slots + seq_at + n + pad)
+        h[o_slots + seq_at + n:o_slots + seq_at + n + spad] = -1
+        extent = max(extent, o_slots + seq_at + n + spad)
         if p.kind is not _DECODE:
-            h[o_cu + cu_at:o_cu + cu_at + n + 1] = spec.cu[p.s0:p.s1 + 1] - spec.cu[p.s0]
-            extent = max(extent, o_cu + cu_at + n + 1)
+            c = o_cu + cu_at + n + 1
+            h[o_cu + cu_at:c] = spec.cu[p.s0:p.s1 + 1] - spec.cu[p.s0]
+            h[c:c + spad] = T  # padding sequences of no rows, the last owning the padding rows
+            if spad:
+                h[c + spad - 1] = T + tpad
+            extent = max(extent, c + spad)
         if p.kind is _PREFILL:
             h[o_cap + cap_at:o_cap + cap_at + n] = -1 if spec.capture_at is None else spec.capture_at[p.s0:p.s1]
             extent = max(extent, o_cap + cap_at + n)
         if lora_tok is not None:
             h[o_lora + tok_at:o_lora + tok_at + T] = lora_tok[p.t0:p.t1]
-            h[o_lora + tok_at + T:o_lora + tok_at + T + pad] = -1
-            extent = max(extent, o_lora + tok_at + T + pad)
-        layout.append((p, pad, seq_at, tok_at, cu_at, cap_at))
-        seq_at, tok_at = seq_at + n + pad, tok_at + T + pad
+            h[o_lora + tok_at + T:o_lora + tok_at + T + tpad] = -1
+            extent = max(extent, o_lora + tok_at + T + tpad)
+        layout.append((p, pads, seq_at, tok_at, cu_at, cap_at))
+        seq_at, tok_at = seq_at + n + spad, tok_at + T + tpad
         if p.kind is not _DECODE:
-            cu_at += n + 1
+            cu_at += n + spad + 1
         if p.kind is _PREFILL:
             cap_at += n
     pk.send(extent)
@@ -189,6 +206,15 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
         binds.append(b)
         carries.append(c)
     return Step(parts, spec, tuple(binds), tuple(carries))
+
+
+def _pads(parts: StepParts, p: Part) -> tuple[int, int, bool]:
+    """(padding sequences, padding rows, padded) of a group: a decode group with a bucket pads to it; a verify
+    group with one pads to the bucket and its rows while no other verify holds stash rows (module docstring)."""
+    g = p.group
+    if g.bucket is None or (p.kind is _VERIFY and parts.seqs.stash_held()):
+        return 0, 0, False
+    return g.bucket - p.n, g.rows - p.tokens, True
 
 
 def _stash_window(parts: StepParts, spec: StepSpec) -> int:
@@ -214,38 +240,42 @@ def _lora_per_token(parts: StepParts, spec: StepSpec, stream) -> np.ndarray:
     return np.repeat(lut[codes], spec.lengths)
 
 
-def _bind(parts: StepParts, spec: StepSpec, lora: bool, window: int, p: Part, pad: int, seq_at: int, tok_at: int,
-          cu_at: int, cap_at: int, stream) -> tuple[_Bound, dict[int, np.ndarray]]:
+def _bind(parts: StepParts, spec: StepSpec, lora: bool, window: int, p: Part, pads: tuple[int, int, bool],
+          seq_at: int, tok_at: int, cu_at: int, cap_at: int, stream) -> tuple[_Bound, dict[int, np.ndarray]]:
     """A group's device views (memoized by layout: the same views every step of the same shape) and its staged PLE
-    rows; returns the bound group and the PLE carries after the step (none for a verify)."""
+    rows; returns the bound group and the PLE carries after the step (none for a verify). `pads`: `_pads`."""
     pk, n, T = parts.pack, p.n, p.tokens
+    spad, tpad, padded = pads
     ple, new = {}, {}
     if parts.feeds is not None:
         local_cu = spec.cu[p.s0:p.s1 + 1] - spec.cu[p.s0]
-        ple, new = parts.feeds.stage(spec.slots[p.s0:p.s1], spec.ids[p.t0:p.t1], local_cu, tok_at, pad, stream)
+        ple, new = parts.feeds.stage(spec.slots[p.s0:p.s1], spec.ids[p.t0:p.t1], local_cu, tok_at, tpad, stream)
         if p.kind is _VERIFY:
             new = {}
     at = 0
     if p.kind is _VERIFY:  # the verify groups' tokens lie side by side in the window, in the step's order
         at = window + p.t0 - next(q.t0 for q in spec.parts if q.kind is _VERIFY)
-    key = (id(p), pad, seq_at, tok_at, cu_at, cap_at, lora, at)  # the memo keeps p alive: its id stays its own
+    key = (id(p), pads, seq_at, tok_at, cu_at, cap_at, lora, at)  # the memo keeps p alive: its id stays its own
     b = pk.memo.get(key)
     if b is None or b.part is not p:
-        pack, pack_pad, lora_n, lora_pad, cap = _views(pk, p.kind, n, T, pad, seq_at, tok_at, cu_at, cap_at, lora)
-        b = pk.remember(key, _Bound(p, T + pad, pack, pack_pad, lora_n, lora_pad, ple, cap, at))
+        pack, pack_pad, lora_n, lora_pad, cap = _views(pk, p.kind, n, T, spad, tpad, seq_at, tok_at, cu_at, cap_at,
+                                                       lora)
+        b = pk.remember(key, _Bound(p, T + tpad, pack, pack_pad, lora_n, lora_pad, ple, cap, at, padded))
     return b, new
 
 
-def _views(pk: PackBuffers, kind: StepKind, n: int, T: int, pad: int, seq_at: int, tok_at: int, cu_at: int,
-           cap_at: int, lora: bool) -> tuple:
+def _views(pk: PackBuffers, kind: StepKind, n: int, T: int, spad: int, tpad: int, seq_at: int, tok_at: int,
+           cu_at: int, cap_at: int, lora: bool) -> tuple:
     """A group's device views of the index buffer (the same for every step of the same layout: memoized)."""
-    slots = pk.view("slots", seq_at, n + pad)
+    slots = pk.view("slots", seq_at, n + spad)
     if kind is _DECODE:
-        pack_pad = Packing(pk.cu_decode[:n + pad + 1], slots)
+        pack_pad = Packing(pk.cu_decode[:n + spad + 1], slots)
         pack = Packing(pk.cu_decode[:n + 1], slots[:n])
     else:
-        pack = pack_pad = Packing(pk.view("cu", cu_at, n + 1), slots)
-    lora_pad = pk.view("lora", tok_at, T + pad) if lora else None
+        cu = pk.view("cu", cu_at, n + spad + 1)
+        pack_pad = Packing(cu, slots)
+        pack = Packing(cu[:n + 1], slots[:n]) if spad else pack_pad
+    lora_pad = pk.view("lora", tok_at, T + tpad) if lora else None
     cap = pk.view("cap", cap_at, n) if kind is _PREFILL else None
     return pack, pack_pad, None if lora_pad is None else lora_pad[:T], lora_pad, cap
 
@@ -254,16 +284,16 @@ class Step:
     """An open step (`Session.begin_step`); use it as a context manager or close it.
 
     Attributes: `seqs`, `lengths` [N] (the step's order), `tokens` (rows of the per-layer inputs), `bucket` (the
-    CUDA-graph bucket of a step of decode sequences only: its layer calls also take `bucket` rows, padding after
-    the `tokens` real ones, which a host's own graph of the step pads to; None for other steps and without CUDA
-    graphs), `captures` (after close: prefill snapshots by sequence).
+    padded rows of a step of decode sequences only, or of verify sequences only with `verify_graphs`: its layer
+    calls also take `bucket` rows, padding after the `tokens` real ones, which a host's own graph of the step pads
+    to; None for other steps and without CUDA graphs), `captures` (after close: prefill snapshots by sequence).
     """
 
     def __init__(self, parts: StepParts, spec: StepSpec, binds: tuple[_Bound, ...], carries: tuple[dict, ...],
                  steady: _Steady | None = None):
         self._p, self._spec, self._binds, self._carries, self._steady = parts, spec, binds, carries, steady
         self.seqs, self.lengths, self.tokens = spec.seqs, spec.lengths, spec.tokens
-        self.bucket = binds[0].part.group.bucket if len(binds) == 1 else None
+        self.bucket = binds[0].rows if len(binds) == 1 and binds[0].padded else None
         self._layers = parts.stack.layer_ids
         self._next = 0  # position in _layers of the next layer to call
         self._ran = False  # some layer ran: the pools may have been written
@@ -300,7 +330,7 @@ class Step:
         self._open()
         p, b = self._p, self._binds[0]
         if b.graph is not None and len(self._binds) == 1:
-            return p.graphs.input_rows(b.graph, self.tokens)
+            return p.graphs.input_rows(b.rows, self.tokens)
         return torch.empty((self.tokens, p.cfg.stream_dim), dtype=p.dtype, device=p.device)
 
     @guarded
@@ -337,8 +367,7 @@ class Step:
         of the same decode bucket, whose calls ran under stream capture): every layer counts as called."""
         self._turn(self._layers[0] if self._layers else -1)
         b = self._binds[0]
-        key = (b.part.group.mode, b.rows, b.stash_at)
-        if len(self._binds) != 1 or key not in self._p.graphs.host_captures:
+        if len(self._binds) != 1 or _host_key(b) not in self._p.graphs.host_captures:
             raise StepError(f"replayed(): no step of {b.part.group.mode.value} with {b.rows} rows had its layer calls "
                             "captured in a CUDA graph; capture one first (call the layers under torch.cuda.graph)")
         self._ran = True
@@ -354,11 +383,11 @@ class Step:
             raise StepError(f"step closed before GDN layers {missing} were called (call them, or abort())")
         if self._captured and len(self._binds) == 1:  # `replayed()` serves single-group steps only
             b = self._binds[0]
-            key = (b.part.group.mode, b.rows, b.stash_at)  # a captured verify wrote its stash window: the same one
+            key = _host_key(b)
             if key not in self._p.graphs.host_captures:
                 self._p.graphs.host_captures.add(key)
                 at = f" stash row {b.stash_at}" if b.stash_at else ""
-                self._p.stats.graphs.host_captures.append(f"{key[0].value} rows {key[1]}{at}")
+                self._p.stats.graphs.host_captures.append(f"{key[0].value} rows {b.rows}{at}")
         self._commit()
         self.closed = True
         self._guard.exit()
@@ -443,6 +472,10 @@ class Step:
         elif part == "layer" and not cfg.is_hc:
             residual = self._zero_rows(x.shape[0])
         capturing = _capturing(x)
+        if capturing and len(self._binds) == 1 and self._binds[0].padded and x.shape[0] != self.bucket:
+            raise StepError(f"under a CUDA-graph capture the layers of this step take its {self.bucket} padded rows "
+                            f"(step.bucket), got {x.shape[0]}: a graph of the unpadded rows would serve only steps "
+                            "of these very sequence counts")
         engines = [self._engine(b, k, part, capturing) for b in self._binds]
         self._ran = True
         self._captured = self._captured or capturing

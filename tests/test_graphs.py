@@ -1,7 +1,10 @@
 """CUDA-graph decode (marked gpu): replay == eager bit for bit at every bucket, outputs and every pool row, for the
 plain stack and the hc+PLE stack (PLE hoisted: one graph; PLE vetoed: graph segments around an eager PLE layer);
 a padded replay writes no pool row outside the step; a decode past the largest bucket runs eagerly, said once.
-Both sessions of a comparison hold the same weights and run the same eager prefill first."""
+Verify steps with `verify_graphs`: the same at every bucket where every sequence drafts max_draft tokens (no padding
+rows), the accepted state included; with missing drafts (padding rows owned by a padding sequence) within the fp32
+bound of an unpadded eager twin, and the other sequences' state untouched. Both sessions of a comparison hold the
+same weights and run the same eager prefill first."""
 
 from __future__ import annotations
 
@@ -17,9 +20,10 @@ pytestmark = pytest.mark.gpu
 LIMITS = RuntimeLimits(max_seqs=8, max_prefill_tokens=128, max_draft=4, ple_cache_rows=64)
 
 
-def _open(name: str, graphs: bool, hoisted: bool = True, dtype=torch.float32) -> Session:
+def _open(name: str, graphs: bool, hoisted: bool = True, dtype=torch.float32, verify: bool = False) -> Session:
     return Session.open(name, backend="torch", device="cuda",
-                        options=SessionOptions(limits=LIMITS, graphs=graphs, ple_hoisted=hoisted, dtype=dtype))
+                        options=SessionOptions(limits=LIMITS, graphs=graphs, ple_hoisted=hoisted, dtype=dtype,
+                                               verify_graphs=verify))
 
 
 def _state(sess: Session) -> list[torch.Tensor]:
@@ -97,3 +101,76 @@ def test_decode_past_the_largest_bucket_runs_eagerly():
     assert all(torch.isfinite(o).all() for o in out.values())
     (decode,) = [k for k in sess.stats().kinds.values() if k.steps]
     assert decode.paths == {"eager": 1} and "largest graph bucket" in next(iter(decode.vetoes))
+
+
+def _verify_kind(sess: Session):
+    return next(k for k in sess.stats().kinds.values() if k.modes.get("verify_multi") or k.modes.get("decode_batched"))
+
+
+@pytest.mark.parametrize("name,hoisted,dtype", CASES)
+def test_graph_verify_equals_eager_bit_for_bit_at_every_bucket(name, hoisted, dtype):
+    """Every sequence drafts max_draft tokens, so each bucket's graph has no padding rows: its outputs, and the pool
+    after accepting a different count of each sequence's drafts, equal an eager twin's bit for bit."""
+    K = LIMITS.max_draft
+    graph, eager = _open(name, True, hoisted, dtype, verify=True), _open(name, False, hoisted, dtype)
+    for bucket in LIMITS.buckets():
+        h, ids = _inputs(graph, bucket, 4 + 3 * K, seed=bucket)
+        seqs = {}
+        for sess in (graph, eager):
+            s = [sess.add_sequence() for _ in range(bucket)]
+            sess.prefill_batch({q: Prompt(h[k, :4], None if ids is None else ids[k, :4]) for k, q in enumerate(s)})
+            seqs[sess] = s
+        for t in range(3):
+            a = 4 + t * K
+            outs = []
+            for sess in (graph, eager):
+                qs = seqs[sess]
+                outs.append(sess.verify({q: h[k, a:a + K] for k, q in enumerate(qs)},
+                                        None if ids is None else {q: ids[k, a:a + K] for k, q in enumerate(qs)}))
+                sess.accept({q: (k + t) % (K + 1) for k, q in enumerate(qs)})
+            for qg, qe in zip(seqs[graph], seqs[eager]):
+                assert torch.equal(outs[0][qg], outs[1][qe]), f"bucket {bucket} verify {t}: outputs differ"
+        for a, b in zip(_state(graph), _state(eager)):
+            assert torch.equal(a, b), f"bucket {bucket}: pool state differs"
+        for sess in (graph, eager):
+            for q in seqs[sess]:
+                sess.release(q)
+    verify = _verify_kind(graph)
+    want = "graph" if hoisted or name == "tiny-3.5" else "graph+eager"
+    assert verify.paths[want] == verify.steps, verify.paths
+    st = graph.stats().graphs
+    assert len(st.captured) == len(LIMITS.buckets()) and not st.gate_failures, (st.captured, st.gate_failures)
+
+
+def test_padded_verify_replay_matches_eager_and_leaves_other_sequences():
+    """3 sequences drafting 1, 4 and 2 of 4 tokens: bucket 4, 16 rows, the fourth sequence a padding one owning the
+    9 padding rows, while 2 more sequences sit idle. The outputs and the accepted state are those of an eager twin
+    within the fp32 bound (the padded GEMMs take more rows, so the bits may differ); the idle sequences' pool rows
+    stay bit for bit."""
+    from gdn_trt.export.tolerances import tol
+
+    from .tolerances import assert_close
+
+    graph, eager = _open("tiny-4exp", True, verify=True), _open("tiny-4exp", False)
+    h, ids = _inputs(graph, 5, 12, seed=4)
+    lengths = (1, 4, 2)
+    seqs = {}
+    for sess in (graph, eager):
+        s = seqs[sess] = [sess.add_sequence() for _ in range(5)]
+        sess.prefill_batch({q: Prompt(h[k, :4], ids[k, :4]) for k, q in enumerate(s)})
+    idle = [graph.pool.read_slot(graph._seqs[q].slot, 0).tensors for q in seqs[graph][3:]]
+    for t in range(2):
+        outs = []
+        for sess in (graph, eager):
+            qs = seqs[sess][:3]
+            outs.append(sess.verify({q: h[k, 4 + 4 * t:4 + 4 * t + n] for k, (q, n) in enumerate(zip(qs, lengths))},
+                                    {q: ids[k, 4 + 4 * t:4 + 4 * t + n] for k, (q, n) in enumerate(zip(qs, lengths))}))
+            sess.accept({q: n - t % 2 for q, n in zip(qs, lengths)})
+        for qg, qe in zip(seqs[graph][:3], seqs[eager][:3]):
+            assert_close(f"verify {t}", outs[1][qe], outs[0][qg], tol(torch.float32))
+    for a, b in zip(_state(graph), _state(eager)):
+        assert_close("pool", b, a, tol(torch.float32))
+    for q, before in zip(seqs[graph][3:], idle):
+        after = graph.pool.read_slot(graph._seqs[q].slot, 0).tensors
+        assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert graph.stats().graphs.captured == ["verify_multi bucket 4"] and _verify_kind(graph).paths == {"graph": 2}

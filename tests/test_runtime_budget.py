@@ -132,3 +132,21 @@ def test_trt_context_memory_is_a_row_of_the_budget():
     assert with_trt.device_total - base.device_total == 7 << 20
     assert [r.item for r in with_trt.rows if r.item.startswith("TensorRT")] == [
         "TensorRT context memory (one scratch, every plan)"]
+
+
+
+def test_verify_graphs_are_a_row_scaled_by_the_drafts():
+    """Verify graphs add one row, only with graphs on, proportional to max_draft (a bucket's graph holds its
+    sequences' drafts), and larger than the decode graphs' row by about that factor."""
+    cfg = preset("tiny-3.5")
+
+    def rows(draft: int, graphs: bool = True) -> dict[str, int]:
+        b = P.budget(cfg, P.RuntimeLimits(max_seqs=4, max_draft=draft), "float32", graphs=graphs, verify_graphs=True)
+        return {r.item.split(" (")[0]: r.device for r in b.rows}
+
+    three, six = rows(3), rows(6)
+    assert six["verify graphs"] == 2 * three["verify graphs"]
+    assert 2 < three["verify graphs"] / three["decode graphs"] <= 3  # no graph_io words; three rows a sequence
+    assert "verify graphs" not in rows(3, graphs=False)
+    plain = P.budget(cfg, P.RuntimeLimits(max_seqs=4, max_draft=3), "float32", graphs=True)
+    assert sum(three.values()) - three["verify graphs"] == plain.device_total

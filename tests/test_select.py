@@ -26,10 +26,10 @@ def layers():
     return {name: [c[0].layer for c in open_session(name).selector.engines] for name in (PLAIN, HC_PLE)}
 
 
-def selector(layers, device=CUDA, hoisted=True, buckets=(1, 2, 4, 8), name=PLAIN) -> Selector:
+def selector(layers, device=CUDA, hoisted=True, buckets=(1, 2, 4, 8), name=PLAIN, draft=0) -> Selector:
     engines = [[TorchEngine(la, device)] for la in layers[name]]
     ple = frozenset(la.index for la in layers[name] if la.ple is not None)
-    return Selector(engines, GraphPolicy(True, buckets, hoisted), ple)
+    return Selector(engines, GraphPolicy(True, buckets, hoisted, draft), ple)
 
 
 @pytest.mark.parametrize("kind,tokens,mode", [
@@ -52,8 +52,34 @@ def test_mixed_step_splits_into_groups(layers):
     assert [g.kind for g in groups] == [StepKind.DECODE, StepKind.VERIFY, StepKind.PREFILL]
     assert [tuple(x.seq for x in g.work) for g in groups] == [(5, 6), (7,), (0,)]
     assert [g.path for g in groups] == ["graph", "eager", "eager"]
-    assert groups[1].veto and "verify draft counts" in groups[1].veto
+    assert groups[1].veto and "verify_graphs is off" in groups[1].veto
     assert groups[2].veto and "prefill token counts" in groups[2].veto
+
+
+@pytest.mark.parametrize("tokens,bucket", [
+    ([3], 1), ([2], None),  # one sequence: decode_batched has no padding sequence to own missing drafts
+    ([3, 3], 2), ([3, 0], 4), ([3, 3, 3], 4), ([1, 2, 3], 4), ([3] * 8, 8), ([3] * 7 + [1], None), ([3] * 9, None),
+])
+def test_verify_bucket_holds_the_drafts_and_a_padding_sequence_for_missing_ones(layers, tokens, bucket):
+    """With verify graphs (max_draft 3), a verify group pads to a bucket of sequences x 3 rows; when some drafts are
+    missing, a padding sequence must own the padding rows, so the bucket holds one sequence more."""
+    (g,) = selector(layers, draft=3).select(work(StepKind.VERIFY, tokens))
+    assert g.bucket == bucket and g.rows == (None if bucket is None else 3 * bucket)
+    assert g.path == ("graph" if bucket else "eager")
+    if bucket is None:
+        assert "pads no tokens" in g.veto or "exceeds the largest graph bucket" in g.veto
+
+
+def test_verify_padded_shape_refused_runs_unpadded(layers):
+    """An engine that refuses the padded verify (here beyond 2 sequences) leaves the group eager and unpadded, with
+    the refusal as its veto; decode keeps its bucket."""
+    engines = [[_Small(la, CUDA)] for la in layers[PLAIN]]
+    sel = Selector(engines, GraphPolicy(True, (1, 2, 4), True, 2), frozenset())
+    (g,) = sel.select(work(StepKind.VERIFY, [2, 1]))  # bucket 4: refused
+    assert g.bucket is None and g.rows is None and g.path == "eager"
+    assert "refuses the padded verify (bucket 4)" in g.veto and "profile max N=2" in g.veto
+    (g,) = sel.select(work(StepKind.VERIFY, [2, 2]))  # every draft: bucket 2, 4 rows
+    assert (g.bucket, g.rows, g.path) == (2, 4, "graph")
 
 
 @pytest.mark.parametrize("n,bucket", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, None)])

@@ -46,8 +46,8 @@ def _twins(name: str, limits: RuntimeLimits, tmp_path, pad: bool):
                 d = make_synthetic_adapter(name, tmp_path / f"ad{k}", SyntheticAdapter(r=4, alpha=8.0), seed=k)
                 s.register_adapter(f"ad{k}", load_adapter(d, s.cfg, f"ad{k}"))
         out.append(s)
-    if pad:  # decode groups get a bucket; the CPU engines veto capture, so the layers run eagerly, padded or not
-        out[1].selector.policy = GraphPolicy(True, (1, 3, 6), True)
+    if pad:  # decode and verify groups get a bucket; the CPU engines veto capture: the layers run eagerly, padded
+        out[1].selector.policy = GraphPolicy(True, (1, 3, 6), True, limits.max_draft)
         out[1].selector._memo.clear()
     return out
 
@@ -186,7 +186,9 @@ def test_padded_layer_calls(name, limits, how, tmp_path):
     zero_pad = _twins(name, limits, tmp_path, pad=True)[1]
     a, b = Batched(nan_pad, how), Batched(zero_pad, how, fill=0.0)
     got, got0 = _batched_run(a, limits.lora is not None), _batched_run(b, limits.lora is not None)
-    assert a.padded == b.padded == 4  # the three decodes of 4 (bucket 6) and the last one (2 in bucket 3)
+    # the three decodes of 4 (bucket 6), the verify of 3 with 7 of 12 drafts (bucket 6, 24 rows: 3 padding
+    # sequences, the last owning 17 rows) and the last decode (2 in bucket 3)
+    assert a.padded == b.padded == 5
     assert all(torch.equal(x, y) for x, y in zip(got, got0)) and fingerprint(nan_pad) == fingerprint(zero_pad)
     want = _dict_run(ref, limits.lora is not None)
     for k, (w, g) in enumerate(zip(want, got)):
@@ -250,6 +252,54 @@ def test_run_under_a_host_capture_records_the_padded_layers(tmp_path, monkeypatc
         st.run(h[:3])
         capturing[0] = False
     assert cap.stats().graphs.host_captures == ["decode_multi_seq rows 3"]  # `replayed()` serves one group only
+
+
+def test_verify_under_a_host_capture_takes_the_padded_rows(tmp_path, monkeypatch):
+    """A verify step with verify graphs (bucket 3 of max_draft 4: 12 rows for 2 sequences drafting 2 and 4) under a
+    host's capture (stood in for as above): layer calls of the unpadded rows are refused, changing nothing (a graph of
+    them would serve only steps of those very lengths); the padded calls equal a twin's eager padded calls bit for
+    bit, and the step counts as a host capture of its padded shape. While another sequence's verify holds stash rows
+    a verify step is not padded (its window is not row 0), so `replayed()` of the captured shape is refused."""
+    from gdn_trt.runtime import steps
+
+    cap, ref = (_twins(PLAIN, LIMITS, tmp_path, pad=True)[1] for _ in range(2))
+    h, _ = inputs(cap, 16, seed=6)
+    for s in (cap, ref):
+        seqs = np.array([s.add_sequence() for _ in range(4)])
+        s.prefill_batch({int(q): Prompt(h[2 * k:2 * k + 2]) for k, q in enumerate(seqs)})
+    capturing = [False]
+    monkeypatch.setattr(steps, "_capturing", lambda x: capturing[0])
+    for e in (e for c in cap.selector.engines for e in c):
+        e.capture_veto = lambda mode: None
+    x = h[8:14]
+    lengths = np.array([2, 4])
+    before = fingerprint(cap)
+    st = cap.begin_step(seqs[:2], "verify", lengths)
+    assert st.bucket == 12
+    capturing[0] = True
+    with pytest.raises(StepError, match="take its 12 padded rows"):
+        st.layer(cap.cfg.gdn_layer_ids[0], x)
+    capturing[0] = False
+    st.abort()
+    assert fingerprint(cap) == before
+    outs = []
+    for s, cap_on in ((cap, True), (ref, False)):
+        with s.begin_step(seqs[:2], "verify", lengths) as st:
+            y = torch.cat([x, torch.zeros(12 - 6, x.shape[1])])
+            capturing[0] = cap_on
+            for i in s.cfg.gdn_layer_ids:
+                y = st.layer(i, y)
+            capturing[0] = False
+        outs.append(y[:6])
+        s.accept_batch(seqs[:2], np.array([1, 3]))
+    assert torch.equal(*outs) and fingerprint(cap) == fingerprint(ref)
+    assert cap.stats().graphs.host_captures == ["verify_multi rows 12"]
+    cap.verify({int(seqs[2]): h[14:15]})  # a draft of another sequence, left pending
+    st = cap.begin_step(seqs[:2], "verify", lengths)
+    assert st.bucket is None
+    with pytest.raises(StepError, match="no step of verify_multi with 6 rows had its layer calls captured"):
+        st.replayed()
+    st.abort()
 
 
 # ---- refusals: each raises and changes nothing ----
