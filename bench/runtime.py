@@ -1,6 +1,7 @@
 """The whole runtime step on the H200, per mode and batch, beside Hugging Face's Qwen3-Next GDN layer with FLA.
 
-    python bench/runtime.py [--out DIR] [--deadline 225] [--steps 20] [--only ours,static,dict,ple,hf] [--smoke]
+    python bench/runtime.py [--out DIR] [--deadline 225] [--steps 20] [--only ours,static,dict,ple,hf,vgraph]
+                            [--smoke]
 
 Stacks (4 GDN layers, bf16 activations, fp32 state, synthetic weights; the session's batched API, `begin_step` +
 `run`, with CUDA graphs for decode):
@@ -10,6 +11,8 @@ Stacks (4 GDN layers, bf16 activations, fp32 state, synthetic weights; the sessi
 - static: the same session, decode only, with the step's input and output in place: the host writes x into
          `step.input()` (the graph's fixed input rows; its producer's own write is the host's, not timed here: the
          rows hold the last step's x) and reads `run(..., copy=False)` (the graph's fixed output): two launches less;
+- vgraph: the same layers in a session with `verify_graphs`, verify only: the verify step replayed from its CUDA
+         graph (bucket 64, 256 rows) against the eager one of `ours`;
 - ple:   Qwen4-Exp layers (4 hc streams of 2560) with PLE on the second layer, hoisted (the n-gram table shrunk to
          ~81k rows of the real width, so every step's rows are cache hits after the first), and the same stack
          without PLE (`noPLE`): decode N in {1, 8, 64, 256};
@@ -80,7 +83,7 @@ def configs(smoke: bool = False) -> dict[str, GdnConfig]:
                                                                   name="qwen4-exp-4L-ple")
     if not smoke:
         ple = ple.replace(ngram_vocab_size_base=5_000)
-    return {"ours": next4, "static": next4, "dict": next4, "ple": ple,
+    return {"ours": next4, "static": next4, "dict": next4, "vgraph": next4, "ple": ple,
             "noPLE": ple.replace(ple_layer_ids=(), name="qwen4-exp-4L")}
 
 
@@ -204,11 +207,12 @@ def categorize(row: Row, kernels: dict[str, float]) -> None:
 class Ours:
     """One session and its sequences: one pool slot per sequence of the largest case."""
 
-    def __init__(self, cfg: GdnConfig):
+    def __init__(self, cfg: GdnConfig, verify_graphs: bool = False):
         limits = RuntimeLimits(max_seqs=256, max_prefill_tokens=16384, max_draft=4, graph_buckets=NS,
                                ple_cache_rows=1 << 16)
         self.sess = Session.open(cfg, backend="torch", device=DEV, options=SessionOptions(
-            limits=limits, dtype=DT if DEV == "cuda" else torch.float32, graphs=True, ple_hoisted=True))
+            limits=limits, dtype=DT if DEV == "cuda" else torch.float32, graphs=True, ple_hoisted=True,
+            verify_graphs=verify_graphs))
         self.cfg = cfg
         self.seqs = np.array([self.sess.add_sequence() for _ in range(256)])
         self.gen = np.random.default_rng(0)
@@ -295,8 +299,8 @@ def time_ours(o: Ours, stack: str, case: str, steps: int) -> Row:
     before = {k: dict(v.paths) for k, v in stats.items()}
     row.wall_us, row.enqueue_us = timed(fn, steps)
     row.path = ",".join(sorted({p for k, v in stats.items() for p, c in v.paths.items() if c > before[k].get(p, 0)}))
-    if kind == "decode" and DEV == "cuda":
-        graphs = o.sess.graphs.replayable(len(lengths))
+    if kind in ("decode", "verify") and DEV == "cuda":
+        graphs = o.sess.graphs.replayable(len(lengths), verify=kind == "verify")
         if graphs:
             row.replay_us = replay_us(graphs)
     if stack in ("ple", "noPLE") and kind == "decode":
@@ -463,6 +467,13 @@ def reading(rows: list[dict], host_ref: tuple[float, float] | None = None) -> st
         say(ratio <= 1.2, f"PLE stack's decode step {p['wall_us']:.0f} us <= 1.2 x the same stack without PLE "
             f"{q['wall_us']:.0f} us ({ratio:.2f}x)", f"device {p['device_us']:.0f} against {q['device_us']:.0f} us, "
             f"enqueue {p['enqueue_us']:.0f} against {q['enqueue_us']:.0f} us")
+    for case, (kind, _) in CASES.items():
+        r, v = _get(rows, "ours", case), _get(rows, "vgraph", case)
+        if kind == "verify" and r and v:
+            out.append(f"- {case} from its CUDA graph (`verify_graphs`, {v['path']}): wall {v['wall_us']:.0f} us, "
+                       f"enqueue {v['enqueue_us']:.0f}, device {v['device_us']:.0f} (wall / device "
+                       f"{v['wall_over_device'] or 0:.2f}) against eager {r['wall_us']:.0f} / {r['enqueue_us']:.0f} / "
+                       f"{r['device_us']:.0f} us ({r['wall_over_device'] or 0:.2f})")
     for case in CASES:
         r, h = _get(rows, "ours", case), _get(rows, "hf", case)
         if r and h:
@@ -523,6 +534,8 @@ def plan(only: set[str]) -> list[tuple[str, str]]:
         out += [(s, c) for s in ("ple", "noPLE") for c in dec]
     if "ours" in only:
         out += [("ours", c) for c in CASES if c not in dec]
+    if "vgraph" in only:
+        out += [("vgraph", c) for c, (kind, _) in CASES.items() if kind == "verify"]
     if "hf" in only:
         out += [("hf", c) for c in CASES]
     if "static" in only:
@@ -537,7 +550,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--deadline", type=float, default=225.0, help="seconds after which rows not started are skipped")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--only", default="ours,static,dict,ple,hf")
+    ap.add_argument("--only", default="ours,static,dict,ple,hf,vgraph")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
     args = ap.parse_args()
     global DEV, NS, CASES
@@ -586,7 +599,7 @@ def main() -> None:
                         made.clear()  # one stack's buffers at a time
                         if DEV == "cuda":
                             torch.cuda.empty_cache()
-                        made[key] = Hf(cfgs["ours"]) if key == "hf" else Ours(cfgs[key])
+                        made[key] = Hf(cfgs["ours"]) if key == "hf" else Ours(cfgs[key], key == "vgraph")
                     if timing:
                         rows[(stack, case)] = row = time_hf(made[key], case, args.steps) if stack == "hf" else \
                             time_ours(made[key], stack, case, args.steps)
