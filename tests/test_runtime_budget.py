@@ -113,6 +113,9 @@ def test_budget_command(command, capsys):
     out = capsys.readouterr().out
     for item in ("state pools (32 slots)", "verify stash (128 tokens)", "PLE staging", "decode graphs", "fits in"):
         assert item in out
+    assert "verify graphs" not in out
+    assert cli.main([command, "--preset", "qwen4-exp", "--max-seqs", "32", "--verify-graphs"]) == 0
+    assert "verify graphs (buckets x 4 drafts)" in capsys.readouterr().out
     assert cli.main([command, "--preset", "qwen3-next-80b-a3b", "--max-seqs", "1024", "--device-memory", "80GiB"]) == 1
     assert "lower max_seqs" in capsys.readouterr().out
 
