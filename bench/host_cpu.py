@@ -9,7 +9,9 @@ besides the layers' device work.
   (`Session.decode({seq: h})`) and, where the runtime has it, the batched API (`begin_step` + `run` + close).
   `static`: the steady decode step of a GPU host in place (`step.input()`, `run(..., copy=False)`, close) on a
   second session whose decode buckets hold a gated graph entry with the replay stubbed out: the Python a GPU host
-  runs around its one graph launch (the stack's loop above is what the replay replaces).
+  runs around its one graph launch (the stack's loop above is what the replay replaces). `verify`: the same for the
+  verify-accept loop of a session with verify graphs (every sequence drafting max_draft tokens, in place, then
+  `accept_batch` of none).
 - `ple`: the PLE host part of a decode step at Qwen4-Exp shapes (16 n-gram heads x 160, bf16 table rows, the table
   shrunk to ~85k rows): hashing, the row cache lookup and the staging of N = 1..256 sequences' rows, every step the
   same ids (after the first step every row is a cache hit), as the session's PLE feeds do it.
@@ -84,31 +86,37 @@ class _NoReplay:
         pass
 
 
-def _static_step(cfg, limits: RuntimeLimits, n: int):
-    """A session whose decode bucket of n sequences replays a stubbed graph, and its steady step in place."""
+def _static_step(cfg, limits: RuntimeLimits, n: int, verify: bool = False):
+    """A session whose decode (`verify`: verify, each sequence drafting max_draft tokens) bucket of n sequences
+    replays a stubbed graph, and its steady step in place (a verify accepts none of its drafts)."""
     from gdn_trt.model.modes import StepKind
-    from gdn_trt.plugins.packing import Packing
     from gdn_trt.runtime import graphs
     from gdn_trt.runtime.stack import Packed
 
+    K = limits.max_draft
     sess = Session.open(cfg, backend="torch", device="cpu", options=SessionOptions(limits=limits))
     sess.selector.engines = [[_Capturable(i)] for i in cfg.gdn_layer_ids]
-    sess.selector.policy = GraphPolicy(True, limits.buckets(), True)
+    sess.selector.policy = GraphPolicy(True, limits.buckets(), True, K)
     ids = np.asarray([sess.add_sequence() for _ in range(n)], dtype=np.int64)
-    g = sess.selector.group(StepKind.DECODE, n, n)
-    gc, pk = sess.graphs, sess._steps.pack
-    fixed = gc._input(g.bucket)
-    inp = Packed(fixed.x, None, Packing(pk.cu_decode[:g.bucket + 1], pk.view("slots", 0, g.bucket)), None)
-    seg = graphs._Segment(g.engines, True, inp, inp, _NoReplay(), torch.zeros(g.bucket, cfg.stream_dim))
-    gc._entries[(tuple(id(e) for e in g.engines), g.mode, g.bucket, g.vetoes)] = graphs._Entry(
-        g.mode, g.bucket, fixed, None, inp.pack, None, [seg], True)
+    kind, lengths, none = ("verify", np.full(n, K), np.zeros(n, dtype=np.int64)) if verify else ("decode", None, None)
+    g = sess.selector.group(StepKind.VERIFY if verify else StepKind.DECODE, n, n * K if verify else n)
+    gc = sess.graphs
 
     def static():
-        with sess.begin_step(ids, "decode") as st:
+        with sess.begin_step(ids, kind, lengths) as st:
+            if not gc._entries:  # the first step: its bound padded views make the stubbed entry
+                fixed, b = gc._input(g.rows), st._binds[0]
+                inp = Packed(fixed.x, None, b.pack_pad, None)
+                seg = graphs._Segment(g.engines, True, inp, inp, _NoReplay(), torch.zeros(g.rows, cfg.stream_dim))
+                gc._entries[(tuple(id(e) for e in g.engines), g.mode, g.bucket, g.vetoes)] = graphs._Entry(
+                    g.mode, g.bucket, fixed, None, inp.pack, None, [seg], True)
             st.run(st.input(), copy=False)
+        if verify:
+            sess.accept_batch(ids, none)
 
     static()
     assert sess.stats().graphs.replays == 1, "the stubbed graph did not run"
+    static.sess = sess
     return static
 
 
@@ -159,6 +167,7 @@ def stub_rows(steps: int) -> list[dict]:
 
             row["batched_us"], row["batched_cpu_us"] = _median_us(batched, steps)
             row["static_us"], row["static_cpu_us"] = _median_us(_static_step(cfg, limits, n), steps)
+            row["verify_us"], row["verify_cpu_us"] = _median_us(_static_step(cfg, limits, n, verify=True), steps)
         rows.append(row)
         print(row, flush=True)
     return rows
@@ -269,7 +278,7 @@ def main() -> None:
     stem = args.out / f"{meta['date']}-{args.name}"
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     cols = ["case", "n", "dict_us", "dict_cpu_us", "batched_us", "batched_cpu_us", "static_us", "static_cpu_us",
-            "stage_us", "stage_cpu_us"]
+            "verify_us", "verify_cpu_us", "stage_us", "stage_cpu_us"]
     lines = [f"# {args.name} ({meta['date']})", "", *(f"- {k}: {v}" for k, v in meta.items()), "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols)

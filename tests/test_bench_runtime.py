@@ -45,6 +45,21 @@ def test_runtime_bench_reports_the_host_reference(runtime_bench, monkeypatch, tm
     assert [(r["stack"], r["case"]) for r in rows] == [("static", "decode 1"), ("static", "decode 8")]
 
 
+def test_host_cpu_verify_stub_runs_the_verify_accept_loop_from_its_graph(runtime_bench):
+    """`bench/host_cpu.py`'s `verify` column: a verify-accept loop of 3 sequences, each drafting max_draft tokens,
+    every step from the stubbed graph of its bucket (4 sequences, 8 rows), the drafts left pending until accept."""
+    import host_cpu
+
+    cfg, limits = host_cpu._stub_stack()
+    step = host_cpu._static_step(cfg, limits, 3, verify=True)
+    step()
+    sess = step.sess
+    kinds = [k for k in sess.stats().kinds.values() if k.steps]
+    assert sess.stats().graphs.replays == 2 and len(kinds) == 1 and kinds[0].paths == {"graph": 2}
+    assert kinds[0].modes == {"verify_multi": 2} and sess.stats().drafted == 2 * 3 * limits.max_draft
+    assert not sess._seqs.stash_held()  # accept_batch of none cleared every pending verify
+
+
 def test_switches_bench_smoke_restores_the_switches(runtime_bench, monkeypatch, tmp_path):
     """`bench/switches.py` (the A/B of the switches written without a device, one process) in CPU smoke mode: a row
     per (configuration, N, API), `off` its own reference, and the switches back as they were after the run."""
