@@ -1,7 +1,7 @@
 """The whole runtime step on the H200, per mode and batch, beside Hugging Face's Qwen3-Next GDN layer with FLA.
 
     python bench/runtime.py [--out DIR] [--deadline 225] [--steps 20] [--only ours,static,dict,ple,hf,vgraph]
-                            [--smoke]
+                            [--cases "verify 64x4,..."] [--smoke]
 
 Stacks (4 GDN layers, bf16 activations, fp32 state, synthetic weights; the session's batched API, `begin_step` +
 `run`, with CUDA graphs for decode):
@@ -528,7 +528,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def plan(only: set[str]) -> list[tuple[str, str]]:
     """Rows in order of priority under the deadline: our decode, the PLE pair, our other modes, the peer, the dict
     API. Rows of one stack stay together (one stack's buffers at a time; a stack is built once per run of rows)."""
-    dec = [f"decode {n}" for n in NS]
+    dec = [c for c in (f"decode {n}" for n in NS) if c in CASES]
     out = [("ours", c) for c in dec] if "ours" in only else []
     if "ple" in only:
         out += [(s, c) for s in ("ple", "noPLE") for c in dec]
@@ -551,6 +551,7 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=225.0, help="seconds after which rows not started are skipped")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--only", default="ours,static,dict,ple,hf,vgraph")
+    ap.add_argument("--cases", help="comma-separated case names to run (default: every case)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
     args = ap.parse_args()
     global DEV, NS, CASES
@@ -564,6 +565,11 @@ def main() -> None:
         meta = {"date": time.strftime("%Y-%m-%d"), "smoke": "CPU, tiny shapes: no figure here means anything"}
     else:
         meta = device_info()
+    if args.cases:
+        unknown = set(args.cases.split(",")) - set(CASES)
+        if unknown:
+            ap.error(f"unknown cases {sorted(unknown)}; the cases are {list(CASES)}")
+        CASES = {c: v for c, v in CASES.items() if c in args.cases.split(",")}
     cfgs = configs(args.smoke)
     meta.update({"activations": "bfloat16", "state": "float32", "steps": args.steps,
                  "configs": {k: c.name for k, c in cfgs.items()},
