@@ -210,7 +210,9 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
 
 def _pads(parts: StepParts, p: Part) -> tuple[int, int, bool]:
     """(padding sequences, padding rows, padded) of a group: a decode group with a bucket pads to it; a verify
-    group with one pads to the bucket and its rows while no other verify holds stash rows (module docstring)."""
+    group with one pads to the bucket and its rows while no other verify holds stash rows (module docstring). The
+    selector gives a verify group with missing drafts a bucket above its sequences, so a padding sequence owns the
+    padding rows."""
     g = p.group
     if g.bucket is None or (p.kind is _VERIFY and parts.seqs.stash_held()):
         return 0, 0, False

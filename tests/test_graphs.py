@@ -43,25 +43,21 @@ CASES = [pytest.param("tiny-3.5", True, torch.float32, id="plain-fp32"),
          pytest.param("tiny-4exp", False, torch.float32, id="hc+ple-vetoed")]
 
 
-@pytest.mark.parametrize("io", [False, True], ids=["torch-io", "graph-io"])
-@pytest.mark.parametrize("name,hoisted,dtype", CASES)
-def test_graph_decode_equals_eager_bit_for_bit_at_every_bucket(name, hoisted, dtype, io):
-    """`graph-io`: the captured graphs read x and write the output by address (runtime/graph_io.py)."""
-    graph, eager = _open(name, True, hoisted, dtype), _open(name, False, hoisted, dtype)
-    graph.graphs.io = io
+def _every_bucket(graph: Session, eager: Session, rounds: int, width: int, step) -> None:
+    """At every bucket: that many sequences in both sessions after the same eager 4-token prefill, then `rounds`
+    steps of `step(sess, seqs, h, ids, t)` (outputs by sequence; h, ids: `width` tokens a round after the prefill's),
+    whose outputs, and then the pools, must agree bit for bit."""
     for bucket in LIMITS.buckets():
-        h, ids = _inputs(graph, bucket, 8, seed=bucket)
+        h, ids = _inputs(graph, bucket, 4 + rounds * width, seed=bucket)
         seqs = {}
         for sess in (graph, eager):
             s = [sess.add_sequence() for _ in range(bucket)]
             sess.prefill_batch({q: Prompt(h[k, :4], None if ids is None else ids[k, :4]) for k, q in enumerate(s)})
             seqs[sess] = s
-        for t in range(4, 8):
-            outs = []
-            for sess in (graph, eager):
-                outs.append(sess.decode({q: h[k, t:t + 1] for k, q in enumerate(seqs[sess])},
-                                        None if ids is None else {q: ids[k, t:t + 1]
-                                                                  for k, q in enumerate(seqs[sess])}))
+        for t in range(rounds):
+            outs = [step(sess, seqs[sess], h[:, 4 + t * width:4 + (t + 1) * width],
+                         None if ids is None else ids[:, 4 + t * width:4 + (t + 1) * width], t)
+                    for sess in (graph, eager)]
             for qg, qe in zip(seqs[graph], seqs[eager]):
                 assert torch.equal(outs[0][qg], outs[1][qe]), f"bucket {bucket} step {t}: outputs differ"
         for a, b in zip(_state(graph), _state(eager)):
@@ -69,6 +65,20 @@ def test_graph_decode_equals_eager_bit_for_bit_at_every_bucket(name, hoisted, dt
         for sess in (graph, eager):
             for q in seqs[sess]:
                 sess.release(q)
+
+
+@pytest.mark.parametrize("io", [False, True], ids=["torch-io", "graph-io"])
+@pytest.mark.parametrize("name,hoisted,dtype", CASES)
+def test_graph_decode_equals_eager_bit_for_bit_at_every_bucket(name, hoisted, dtype, io):
+    """`graph-io`: the captured graphs read x and write the output by address (runtime/graph_io.py)."""
+    graph, eager = _open(name, True, hoisted, dtype), _open(name, False, hoisted, dtype)
+    graph.graphs.io = io
+
+    def decode_step(sess, seqs, h, ids, t):
+        return sess.decode({q: h[k] for k, q in enumerate(seqs)}, None if ids is None else
+                           {q: ids[k] for k, q in enumerate(seqs)})
+
+    _every_bucket(graph, eager, 4, 1, decode_step)
     st = graph.stats()
     decode = next(k for k in st.kinds.values() if k.modes.get("decode_multi_seq") or k.modes.get("decode"))
     want = "graph" if hoisted or name == "tiny-3.5" else "graph+eager"
@@ -113,28 +123,14 @@ def test_graph_verify_equals_eager_bit_for_bit_at_every_bucket(name, hoisted, dt
     after accepting a different count of each sequence's drafts, equal an eager twin's bit for bit."""
     K = LIMITS.max_draft
     graph, eager = _open(name, True, hoisted, dtype, verify=True), _open(name, False, hoisted, dtype)
-    for bucket in LIMITS.buckets():
-        h, ids = _inputs(graph, bucket, 4 + 3 * K, seed=bucket)
-        seqs = {}
-        for sess in (graph, eager):
-            s = [sess.add_sequence() for _ in range(bucket)]
-            sess.prefill_batch({q: Prompt(h[k, :4], None if ids is None else ids[k, :4]) for k, q in enumerate(s)})
-            seqs[sess] = s
-        for t in range(3):
-            a = 4 + t * K
-            outs = []
-            for sess in (graph, eager):
-                qs = seqs[sess]
-                outs.append(sess.verify({q: h[k, a:a + K] for k, q in enumerate(qs)},
-                                        None if ids is None else {q: ids[k, a:a + K] for k, q in enumerate(qs)}))
-                sess.accept({q: (k + t) % (K + 1) for k, q in enumerate(qs)})
-            for qg, qe in zip(seqs[graph], seqs[eager]):
-                assert torch.equal(outs[0][qg], outs[1][qe]), f"bucket {bucket} verify {t}: outputs differ"
-        for a, b in zip(_state(graph), _state(eager)):
-            assert torch.equal(a, b), f"bucket {bucket}: pool state differs"
-        for sess in (graph, eager):
-            for q in seqs[sess]:
-                sess.release(q)
+
+    def verify_step(sess, seqs, h, ids, t):
+        out = sess.verify({q: h[k] for k, q in enumerate(seqs)}, None if ids is None else
+                          {q: ids[k] for k, q in enumerate(seqs)})
+        sess.accept({q: (k + t) % (K + 1) for k, q in enumerate(seqs)})
+        return out
+
+    _every_bucket(graph, eager, 3, K, verify_step)
     verify = _verify_kind(graph)
     want = "graph" if hoisted or name == "tiny-3.5" else "graph+eager"
     assert verify.paths[want] == verify.steps, verify.paths
