@@ -9,7 +9,7 @@ PLE rows at the start of each prestage's fixed buffer, padding rows zero, staged
 bucket sequences copies its x into rows 0..N-1 (a host that wrote its x there itself, `input_rows`, saves the copy);
 the ops skip the padding slots (padding never writes a pool row). A verify entry (`SessionOptions.verify_graphs`)
 is the same over the bucket's rows (bucket x max_draft): its packing's offsets sit at the start of the cu region,
-the padding sequences own the padding rows (`select.GraphPolicy`), and it writes the stash window from row 0, the
+the padding sequences share the padding rows (`select.GraphPolicy`), and it writes the stash window from row 0, the
 only window a padded verify gets (`steps._pads`). The last captured segment also holds the final
 residual add, so a replay is one launch and its output one fixed buffer, copied out unless the caller takes the view
 (`run(..., copy=False)`). With `IO` on, a fully captured entry's graph does both itself: it begins and ends with

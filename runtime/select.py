@@ -79,9 +79,10 @@ class GraphPolicy:
     steps run eagerly, unpadded).
 
     A verify group of n sequences with T draft tokens is padded to a bucket B of sequences and B x draft token rows:
-    the padding sequences (slot -1) take no state and the last of them owns the padding tokens, so the packing's
-    offsets still rise to the step's rows. That needs a padding sequence whenever T < n x draft, so such a group
-    takes the smallest bucket above n; a group whose every sequence drafts `draft` tokens the smallest bucket >= n."""
+    the padding sequences (slot -1) take no state and share the padding tokens, so the packing's offsets still rise
+    to the step's rows. That needs a padding sequence whenever T < n x draft, so such a group takes the smallest
+    bucket above n; a group whose every sequence drafts `draft` tokens the smallest bucket >= n. A lone sequence
+    with missing drafts takes the multi-sequence mode for that (`decode_batched` has no padding sequence)."""
 
     enabled: bool
     buckets: tuple[int, ...]
@@ -161,7 +162,10 @@ class Selector:
 
     def _choose(self, kind: StepKind, n: int, tokens: int) -> Group:
         refusals = []
-        for mode in candidates(kind, n == 1):
+        modes = candidates(kind, n == 1)
+        if kind is StepKind.VERIFY and n == 1 and self.policy.draft and tokens != self.policy.draft:
+            modes = modes[::-1]  # missing drafts: verify_multi pads them (a padding sequence), decode_batched cannot
+        for mode in modes:
             bucket, unfit = self._bucket(mode, n, tokens)
             # a verify group whose padded shape some engine refuses runs unpadded instead (a decode group's mode is
             # refused, as before: its bucket is its shape)

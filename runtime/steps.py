@@ -14,9 +14,9 @@ token mixer alone (`mixer`, Hugging Face's `linear_attn`: normed hidden in, mixe
 CUDA-graph bucket B takes either its n rows or B rows (the host's graph pads to the bucket): rows n..B are padding
 (slot -1: no state is read or written for them, their outputs are zero or garbage the host ignores). A verify group
 with a bucket (`SessionOptions.verify_graphs`) takes its T rows or the bucket's B x max_draft: B - n padding
-sequences follow its n, the last owning the padding rows T.. (`select.GraphPolicy`). It is padded only while no
-other sequence's verify holds stash rows (the steady verify-accept loop), so its stash window starts at row 0 and
-holds the padded rows; otherwise that step runs unpadded.
+sequences follow its n, sharing the padding rows T.. (`select.GraphPolicy`). It is padded only in a step of
+verify sequences alone while no other sequence's verify holds stash rows (the steady verify-accept loop), so its
+stash window starts at row 0 and holds the padded rows; otherwise that step runs unpadded.
 
 Failure: a call that is refused (out of order, a layer twice, bad shape) raises and changes nothing. A step left
 with a layer error (an engine fault, an out-of-memory, an enqueue failure) or abandoned once a layer call was made
@@ -172,7 +172,7 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
     layout = []
     for p in spec.parts:
         g, n, T = p.group, p.n, p.tokens
-        pads = _pads(parts, p)
+        pads = _pads(parts, p, len(spec.parts) == 1)
         spad, tpad = pads[0], pads[1]
         h[o_slots + seq_at:o_slots + seq_at + n] = spec.slots[p.s0:p.s1]
         h[o_slots + seq_at + n:o_slots + seq_at + n + spad] = -1
@@ -180,9 +180,9 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
         if p.kind is not _DECODE:
             c = o_cu + cu_at + n + 1
             h[o_cu + cu_at:c] = spec.cu[p.s0:p.s1 + 1] - spec.cu[p.s0]
-            h[c:c + spad] = T  # padding sequences of no rows, the last owning the padding rows
-            if spad:
-                h[c + spad - 1] = T + tpad
+            # the padding sequences share the padding rows as evenly as they divide: a padding sequence's programs
+            # write its rows' zero outputs one row after another, so no one of them gets them all
+            h[c:c + spad] = T + (parts.seqs.arange(spad + 1)[1:] * tpad) // max(spad, 1)
             extent = max(extent, c + spad)
         if p.kind is _PREFILL:
             h[o_cap + cap_at:o_cap + cap_at + n] = -1 if spec.capture_at is None else spec.capture_at[p.s0:p.s1]
@@ -208,13 +208,14 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
     return Step(parts, spec, tuple(binds), tuple(carries))
 
 
-def _pads(parts: StepParts, p: Part) -> tuple[int, int, bool]:
+def _pads(parts: StepParts, p: Part, alone: bool) -> tuple[int, int, bool]:
     """(padding sequences, padding rows, padded) of a group: a decode group with a bucket pads to it; a verify
-    group with one pads to the bucket and its rows while no other verify holds stash rows (module docstring). The
-    selector gives a verify group with missing drafts a bucket above its sequences, so a padding sequence owns the
-    padding rows."""
+    group with one pads to the bucket and its rows when it is the step's only group (`alone`: the index buffer's
+    regions hold a decode bucket beside the other groups' sequences, not a verify bucket too) and no other verify
+    holds stash rows (module docstring). The selector gives a verify group with missing drafts a bucket above its
+    sequences, so there is a padding sequence for the padding rows."""
     g = p.group
-    if g.bucket is None or (p.kind is _VERIFY and parts.seqs.stash_held()):
+    if g.bucket is None or (p.kind is _VERIFY and (not alone or parts.seqs.stash_held())):
         return 0, 0, False
     return g.bucket - p.n, g.rows - p.tokens, True
 

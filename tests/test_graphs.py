@@ -2,7 +2,7 @@
 plain stack and the hc+PLE stack (PLE hoisted: one graph; PLE vetoed: graph segments around an eager PLE layer);
 a padded replay writes no pool row outside the step; a decode past the largest bucket runs eagerly, said once.
 Verify steps with `verify_graphs`: the same at every bucket where every sequence drafts max_draft tokens (no padding
-rows), the accepted state included; with missing drafts (padding rows owned by a padding sequence) within the fp32
+rows), the accepted state included; with missing drafts (padding rows owned by padding sequences) within the fp32
 bound of an unpadded eager twin, and the other sequences' state untouched. Both sessions of a comparison hold the
 same weights and run the same eager prefill first."""
 

@@ -57,7 +57,7 @@ def test_mixed_step_splits_into_groups(layers):
 
 
 @pytest.mark.parametrize("tokens,bucket", [
-    ([3], 1), ([2], None),  # one sequence: decode_batched has no padding sequence to own missing drafts
+    ([3], 1), ([2], 2),  # one sequence missing drafts: verify_multi with a padding sequence (decode_batched has none)
     ([3, 3], 2), ([3, 0], 4), ([3, 3, 3], 4), ([1, 2, 3], 4), ([3] * 8, 8), ([3] * 7 + [1], None), ([3] * 9, None),
 ])
 def test_verify_bucket_holds_the_drafts_and_a_padding_sequence_for_missing_ones(layers, tokens, bucket):
@@ -65,6 +65,7 @@ def test_verify_bucket_holds_the_drafts_and_a_padding_sequence_for_missing_ones(
     missing, a padding sequence must own the padding rows, so the bucket holds one sequence more."""
     (g,) = selector(layers, draft=3).select(work(StepKind.VERIFY, tokens))
     assert g.bucket == bucket and g.rows == (None if bucket is None else 3 * bucket)
+    assert g.mode is (LayerMode.DECODE_BATCHED if tokens == [3] else LayerMode.VERIFY_MULTI)
     assert g.path == ("graph" if bucket else "eager")
     if bucket is None:
         assert "pads no tokens" in g.veto or "exceeds the largest graph bucket" in g.veto

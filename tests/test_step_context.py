@@ -187,7 +187,7 @@ def test_padded_layer_calls(name, limits, how, tmp_path):
     a, b = Batched(nan_pad, how), Batched(zero_pad, how, fill=0.0)
     got, got0 = _batched_run(a, limits.lora is not None), _batched_run(b, limits.lora is not None)
     # the three decodes of 4 (bucket 6), the verify of 3 with 7 of 12 drafts (bucket 6, 24 rows: 3 padding
-    # sequences, the last owning 17 rows) and the last decode (2 in bucket 3)
+    # sequences sharing 17 rows) and the last decode (2 in bucket 3)
     assert a.padded == b.padded == 5
     assert all(torch.equal(x, y) for x, y in zip(got, got0)) and fingerprint(nan_pad) == fingerprint(zero_pad)
     want = _dict_run(ref, limits.lora is not None)
@@ -300,6 +300,28 @@ def test_verify_under_a_host_capture_takes_the_padded_rows(tmp_path, monkeypatch
     with pytest.raises(StepError, match="no step of verify_multi with 6 rows had its layer calls captured"):
         st.replayed()
     st.abort()
+
+
+def test_mixed_step_with_a_verify_runs_unpadded(tmp_path):
+    """With verify graphs, a verify group pads only in a step of its own: in a mixed step (3 sequences verifying 1
+    draft each, whose bucket would be 6 of max_seqs 6, beside a prefill of 2 more) the index regions could not hold
+    the padded sequences beside the prefill's. The mixed step runs unpadded and equals the dict API of a session
+    without graph buckets bit for bit, state included."""
+    ref, bat = _twins(PLAIN, LIMITS, tmp_path, pad=True)
+    h, _ = inputs(ref, 24, seed=9)
+    got = []
+    for s in (ref, bat):
+        seqs = [s.add_sequence() for _ in range(5)]
+        s.prefill_batch({q: Prompt(h[2 * k:2 * k + 2]) for k, q in enumerate(seqs)})
+        verify = {q: h[10 + k:11 + k] for k, q in enumerate(seqs[:3])}
+        prefill = {seqs[3]: Prompt(h[13:16]), seqs[4]: Prompt(h[16:18])}
+        if s is ref:
+            out = s.step(verify=verify, prefill=prefill).outputs
+        else:
+            out, _ = Batched(s, "hidden").step(verify=verify, prefill=prefill)
+        s.accept({q: 1 for q in seqs[:3]})
+        got.append([out[q] for q in seqs])
+    assert all(torch.equal(a, b) for a, b in zip(*got)) and fingerprint(ref) == fingerprint(bat)
 
 
 # ---- refusals: each raises and changes nothing ----
