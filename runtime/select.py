@@ -163,7 +163,8 @@ class Selector:
     def _choose(self, kind: StepKind, n: int, tokens: int) -> Group:
         refusals = []
         modes = candidates(kind, n == 1)
-        if kind is StepKind.VERIFY and n == 1 and self.policy.draft and tokens != self.policy.draft:
+        if kind is StepKind.VERIFY and n == 1 and self.policy.enabled and self.policy.draft and \
+                tokens != self.policy.draft:
             modes = modes[::-1]  # missing drafts: verify_multi pads them (a padding sequence), decode_batched cannot
         for mode in modes:
             bucket, unfit = self._bucket(mode, n, tokens)
