@@ -1,8 +1,8 @@
 """CUDA-graph cache for decode and verify steps: one entry per (engines, mode, bucket), captured piecewise around
 vetoed layers.
 
-An entry reads a fixed activation buffer for `bucket` sequences (x, one per bucket size, shared by the entries of
-that size: steps run one at a time; the residual before the first layer is zeros) and the step's index data where the
+An entry reads a fixed activation buffer of its rows (x, one per row count, shared by the entries of that count:
+steps run one at a time; the residual before the first layer is zeros) and the step's index data where the
 step put it: the slots (-1 past the step's sequences), cu_seqlens and LoRA slots of a decode group padded to its
 bucket sit at the start of the session's index buffer (`pack.PackBuffers`), the same addresses every step, and its
 PLE rows at the start of each prestage's fixed buffer, padding rows zero, staged when the step opened. A step of N <=
