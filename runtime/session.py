@@ -145,6 +145,10 @@ class SessionOptions:
     seed: int = 0
     tp: TpSpec | None = None
 
+    def __post_init__(self) -> None:
+        if self.verify_graphs and not self.graphs:
+            raise ValueError("verify_graphs=True needs graphs=True: verify steps are captured beside decode steps")
+
 
 @dataclass
 class PrefillResult:
