@@ -154,12 +154,3 @@ def test_verify_graphs_are_a_row_scaled_by_the_drafts():
     plain = P.budget(cfg, P.RuntimeLimits(max_seqs=4, max_draft=3), "float32", graphs=True)
     assert sum(three.values()) - three["verify graphs"] == plain.device_total
 
-
-def test_verify_graphs_need_graphs():
-    """Verify graphs are captured beside decode graphs: asking for them with graphs off is refused when the options
-    are made, naming both."""
-    from gdn_trt.runtime.session import SessionOptions
-
-    with pytest.raises(ValueError, match="verify_graphs=True needs graphs=True"):
-        SessionOptions(graphs=False, verify_graphs=True)
-    assert SessionOptions(verify_graphs=True).graphs

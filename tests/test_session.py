@@ -186,3 +186,13 @@ def test_padding_slot_minus_one_writes_nothing(sess):
     assert torch.isfinite(StepOutput(out.x, out.residual).hidden()).all()
     assert all(torch.equal(x, y) for x, y in zip(before[b], slot_state(sess, b)))
     assert not all(torch.equal(x, y) for x, y in zip(before[a], slot_state(sess, a)))
+
+
+def test_verify_graphs_need_graphs():
+    """Verify graphs are captured beside decode graphs: asking for them with graphs off is refused when the options
+    are made, naming both."""
+    from gdn_trt.runtime.session import SessionOptions
+
+    with pytest.raises(ValueError, match="verify_graphs=True needs graphs=True"):
+        SessionOptions(graphs=False, verify_graphs=True)
+    assert SessionOptions(verify_graphs=True).graphs
