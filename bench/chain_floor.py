@@ -133,11 +133,9 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> list[dict]:
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    ns = sorted({r["n"] for r in rows})
     names = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "floor"]
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    grouped_bars(ax, ns, {v: [next((r["over_floor"] or 0 for r in rows if r["variant"] == v and r["n"] == n), 0)
-                              for n in ns] for v in names})
+    grouped_bars(ax, rows, names, lambda r: r["over_floor"] or 0)
     ax.axhline(1.25, color="r", lw=0.8, ls="--", label="issue 15's target")
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_ylabel("step time / floor")

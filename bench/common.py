@@ -223,9 +223,12 @@ def pdl_off(module: ModuleType | None):
             setattr(module, name, f)
 
 
-def grouped_bars(ax, ns: list[int], series: dict[str, list[float]]) -> None:
-    """One group of bars per N (labelled "N = n"), one bar per series in each, with a legend label per series."""
-    w = 0.8 / len(series)
-    for i, (name, ys) in enumerate(series.items()):
+def grouped_bars(ax, rows: list[dict], names: list[str], value) -> None:
+    """One group of bars per N of `rows` (labelled "N = n"), one bar per variant of `names` in each: `value(row)` of
+    that variant's row at that N (0 where it has none), with a legend label per variant."""
+    ns = sorted({r["n"] for r in rows})
+    w = 0.8 / len(names)
+    for i, name in enumerate(names):
+        ys = [next((value(r) for r in rows if r["variant"] == name and r["n"] == n), 0) for n in ns]
         ax.bar([k + i * w for k in range(len(ns))], ys, w, label=name)
     ax.set_xticks([k + 0.4 - w / 2 for k in range(len(ns))], [f"N = {n}" for n in ns])

@@ -78,13 +78,11 @@ def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    ns = sorted({r["n"] for r in rows})
     names = list(dict.fromkeys(r["variant"] for r in rows))
     base = "off" if "off" in names else names[0]
     off = {r["n"]: r["replay_us"] for r in rows if r["variant"] == base}
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    grouped_bars(ax, ns, {v: [next((r["replay_us"] / off[n] for r in rows if r["variant"] == v and r["n"] == n), 0)
-                              for n in ns] for v in names})
+    grouped_bars(ax, rows, names, lambda r: r["replay_us"] / off[r["n"]])
     ax.set_ylabel(f"step replay time / {base}")
     ax.set_ylim(0.8, 1.15)
     ax.axhline(1.0, color="k", lw=0.6)

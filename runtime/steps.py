@@ -155,13 +155,14 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
     h = pk.host()
     p = spec.parts[0]
     if len(spec.parts) == 1 and p.kind is _DECODE and lora_tok is None:  # the steady loop: slots only
-        pad = 0 if p.group.bucket is None else p.group.bucket - p.n
+        pads = _pads(parts, p, True)
+        pad = pads[0]
         if last.get("held") is not spec:  # else the device holds this very request's index data
             h[:p.n] = spec.slots  # the slots region is first
             h[p.n:p.n + pad] = -1
             pk.send(p.n + pad)
             last["held"] = spec
-        b, c = _bind(parts, spec, False, 0, p, (pad, pad, p.group.bucket is not None), 0, 0, 0, 0, stream)
+        b, c = _bind(parts, spec, False, 0, p, pads, 0, 0, 0, 0, stream)
         if parts.feeds is None:  # no rows to stage: the next step of this spec opens from what is bound now
             steady = last["steady"] = _Steady.of(parts, spec, b)
             return Step(parts, spec, steady.binds, (_NO_CARRIES,), steady)
