@@ -30,10 +30,10 @@ RING = 4  # pinned host buffers of a step's index data (pack.PackBuffers)
 
 def pack_bytes(max_seqs: int, max_tokens: int) -> tuple[int, int]:
     """(device, host) bytes of a session's step index buffer (`pack.PackBuffers`: slots 2S, cu S+2, capture points
-    S, LoRA slots per token, the graph io words (6, 8-byte aligned); the constant 0..S for decode; RING host
-    copies)."""
+    S, LoRA slots per token, the graph io words (6, 8-byte aligned), an accept's fold pairs 2S; the constant 0..S
+    for decode; RING host copies)."""
     size = 4 * max_seqs + 2 + max_tokens
-    size += size % 2 + 6
+    size += size % 2 + 6 + 2 * max_seqs
     return 4 * (size + max_seqs + 1), 4 * RING * size
 
 

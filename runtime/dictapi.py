@@ -105,36 +105,49 @@ def _prompts(parts: StepParts, part: dict, token_ids: dict, seqs: list, hs: list
 
 
 def accept(parts: StepParts, seqs: np.ndarray, counts: object, stream) -> None:
-    """See the module docstring; `Session.accept_batch`."""
+    """See the module docstring; `Session.accept_batch`. Accepting exactly the sequences of a `request.Loop`'s
+    pending verify, in its order, skips the checks that loop already holds (they are live, distinct, not failed and
+    pending with these draft counts: nothing changed the table since its verify); the counts are checked alike."""
     table = parts.seqs
     counts = as_ids(counts, "accepted counts")
     if counts.shape != seqs.shape:
         raise ValueError(f"accepted counts must be [N={seqs.size}], got shape {counts.shape}")
-    slots = table.slots(seqs)
-    bad = table.failed[slots]
-    if bad.any():
-        table.intact(int(seqs[np.flatnonzero(bad)[0]]))  # names the failure
-    bad = table.pend_epoch[slots] < 0
-    if bad.any():
-        raise SequenceError(f"sequence {int(seqs[np.flatnonzero(bad)[0]])} has no verify to accept")
-    n = table.pend_count[slots]
+    loop = parts.last.get("verify")
+    if (loop is not None and loop.stage == "pending" and loop.version == table.version
+            and seqs.tobytes() == loop.seqs):
+        slots, at, n = loop.spec.slots, loop.at, loop.spec.lengths
+    else:
+        loop = None
+        slots = at = table.slots(seqs)
+        bad = table.failed[slots]
+        if bad.any():
+            table.intact(int(seqs[np.flatnonzero(bad)[0]]))  # names the failure
+        bad = table.pend_epoch[slots] < 0
+        if bad.any():
+            raise SequenceError(f"sequence {int(seqs[np.flatnonzero(bad)[0]])} has no verify to accept")
+        n = table.pend_count[slots]
     bad = (counts < 0) | (counts > n)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         raise ValueError(f"sequence {int(seqs[k])}: accepted count must be an int in 0..{int(n[k])}, got "
                          f"{int(counts[k])}")
     take = counts > 0
-    parts.stack.buffers.fold(parts.pool, (table.pend_row[slots] + counts - 1)[take].tolist(), slots[take].tolist())
+    some = bool(take.any())
+    if some:
+        parts.stack.buffers.fold(parts.pool, parts.pack.pairs((table.pend_row[at] + counts - 1)[take], slots[take]))
     fence = parts.pool.fence(stream)
-    if parts.feeds is not None and take.any():
+    if parts.feeds is not None and some:
         width = table.pend_ids.shape[1]
         ids = table.pend_ids[slots][np.arange(width)[None, :] < counts[:, None]]
         cu = np.zeros(seqs.size + 1, dtype=np.int64)
         np.cumsum(counts, out=cu[1:])
         parts.feeds.commit(slots, parts.feeds.carries_after(slots, ids, cu))
-    table.position[slots] += counts
-    table.pend_epoch[slots] = -1
-    table.block(slots)
+    table.position[at] += counts
+    table.pend_epoch[at] = -1
+    was = table.version
+    table.hold(at, False)
+    if loop is not None:
+        loop.advance("ready", was, table.version)
     parts.stats.accepted += int(counts.sum())
     parts.pool.mark_written(slots[take], fence)
 

@@ -4,14 +4,16 @@ by the host into a pinned buffer and sent in one host-to-device copy.
 One device int32 buffer with fixed regions, allocated once per session, so that every view a step binds (and every
 CUDA graph captured over them, the runtime's own or a host's) has a stable address:
 
-    slots [2S] | cu [S + 2] | capture_at [S] | lora [L] | io [6]     (S = max_seqs, L = RuntimeLimits.max_step_tokens)
+    slots [2S] | cu [S + 2] | capture_at [S] | lora [L] | io [6] | fold [2S]
+    (S = max_seqs, L = RuntimeLimits.max_step_tokens)
 
 A step's groups (decode, verify, prefill, in this order) take consecutive parts of each region; a decode group
 padded to a CUDA-graph bucket B takes B slots (-1 past its sequences) and B LoRA entries (-1), starting at 0, so the
 views a bucket's graph reads are the same every step. Decode groups read `cu_decode`, the constant 0..S, instead of
 the cu region. `io` holds three int64 words at an 8-byte aligned offset: the addresses a decode graph copies its
 input from and its output to (`graph_io.py`), sent on their own (`send_io`) once the step's x and output are known,
-after the rest went when the step opened. The host writes a step's entries into a staging array; `send` copies them
+after the rest went when the step opened. `fold` holds an accept's (stash row, slot) pairs (`pairs`), sent on their
+own: an accept is no step, and no graph reads them. The host writes a step's entries into a staging array; `send` copies them
 only where they differ from what the device buffer already holds (a mirror of the entries sent so far): a steady
 decode loop of the same sequences sends nothing, which saves its one host-to-device copy, the event and the wait of
 a ring buffer (three CUDA calls, about a third of the host time of a decode step on the H200's host; nothing else
@@ -43,6 +45,8 @@ class PackBuffers:
         at += at % 2  # the io words are int64
         self.regions["io"] = (at, 6)
         at += 6
+        self.regions["fold"] = (at, 2 * S)
+        at += 2 * S
         self.size = at
         self.offsets = tuple(self.regions[r][0] for r in ("slots", "cu", "cap", "lora"))
         self.dev = torch.zeros(at, dtype=torch.int32, device=self.device)
@@ -102,6 +106,17 @@ class PackBuffers:
         self._stage[lo:lo + 6].view(np.int64)[:] = words
         self._copy(lo, lo + 6)
         self._io_held = words
+
+    def pairs(self, rows: np.ndarray, slots: np.ndarray) -> Tensor:
+        """An accept's stash rows and pool slots [2, n] on the device, through the ring like a step's index data:
+        torch's `tensor(...).pin_memory().to(...)` made a host tensor, pinned a copy of it and allocated a device
+        tensor at every accept."""
+        n = rows.size
+        lo = self.regions["fold"][0]
+        self._stage[lo:lo + n] = rows
+        self._stage[lo + n:lo + 2 * n] = slots
+        self._copy(lo, lo + 2 * n)
+        return self.dev[lo:lo + 2 * n].view(2, n)
 
     def _copy(self, lo: int, hi: int) -> None:
         """Entries [lo, hi) of the staging array to the device through the next ring buffer (waiting only if the copy

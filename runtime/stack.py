@@ -71,18 +71,17 @@ class StepBuffers:
         c, n = self.capture[layer_idx], at.shape[0]
         return StateCapture(at, c.conv[:n], c.ssm[:n], None if c.ple_conv is None else c.ple_conv[:n])
 
-    def fold(self, pool: StatePool, rows: list[int], slots: list[int]) -> None:
-        """Write on accept: stash row rows[k] of every layer becomes pool slot slots[k], on the device."""
-        if not rows:
-            return
+    def fold(self, pool: StatePool, pairs: Tensor) -> None:
+        """Write on accept: stash row pairs[0, k] of every layer becomes pool slot pairs[1, k] (`pairs` [2, n] int32
+        on the device, n >= 1: `PackBuffers.pairs`), on the device."""
         if _fold_by_kernel(pool.device):
             if self._fold is None or self._fold[0] is not pool:
                 self._fold = pool, fold_kernel.Table.of([
                     (getattr(self.stash[i], part), getattr(st, part)) for i, st in pool.layers.items()
                     for part in _PARTS if getattr(st, part) is not None])
-            fold_kernel.fold(self._fold[1], _upload(torch.tensor([rows, slots], dtype=torch.int64), pool.device))
+            fold_kernel.fold(self._fold[1], pairs)
             return
-        r, s = (_upload(torch.tensor(v, dtype=torch.int64), pool.device) for v in (rows, slots))
+        r, s = pairs.long()
         for i, st in pool.layers.items():
             stash = self.stash[i]
             for part in _PARTS:

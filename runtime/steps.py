@@ -44,7 +44,7 @@ from .guard import guarded
 from .pack import PackBuffers
 from .parts import StepParts
 from .request import Part, StepSpec
-from .seqs import StepResult
+from .seqs import StepResult, basic_index
 from .stack import Packed, Stack, StepContext
 from .state import Fence, SlotState
 from .stats import KindStats
@@ -94,34 +94,23 @@ class _Bound:
 
 @dataclass(frozen=True)
 class _Steady:
-    """A decode-only step without PLE or adapters, bound once: while `request.check` hands back the same spec and the
-    device's index buffer holds its slots, the next step opens from this (nothing to pack, bind or stage) and commits
-    through `at`, the step's slots as the cheapest numpy index of the same rows."""
+    """A decode-only step without PLE or adapters, or the verify of a `request.Loop`, bound once: while
+    `request.check` hands back the same spec and the device's index buffer holds its index data, the next step
+    opens from this (nothing to pack, bind or stage) and commits through `at`, the step's slots as the cheapest numpy
+    index of the same rows."""
 
     spec: StepSpec
     binds: tuple[_Bound]
     at: int | slice | np.ndarray
     positions: np.ndarray | None  # the step's rows of `SeqTable.position` where `at` is a slice (a view), else None
     kind: KindStats
+    rows: np.ndarray | None = None  # a verify's: the first stash row of each sequence's drafts
 
     @staticmethod
     def of(parts: StepParts, spec: StepSpec, b: _Bound) -> "_Steady":
-        at = _basic_index(spec.slots)
+        at = basic_index(spec.slots)
         view = parts.seqs.position[at] if type(at) is slice else None
         return _Steady(spec, (b,), at, view, parts.stats.kinds[_DECODE])
-
-
-def _basic_index(slots: np.ndarray) -> int | slice | np.ndarray:
-    """`slots` (distinct) as an int (one slot) or a slice (consecutive ascending slots) where it can: `a[k] += 1`
-    took 0.15 us, `view += 1` on a view made once 0.6-0.8 us, against 1.0-1.6 us for `a[slots] += 1` with the index
-    array, at 1 / 64 / 256 slots on this 2-core CPU (2026-12-04, timeit)."""
-    n = slots.size
-    if n == 1:
-        return int(slots[0])
-    first = int(slots[0])
-    if int(slots[-1]) - first == n - 1 and bool((np.diff(slots) == 1).all()):
-        return slice(first, first + n)
-    return slots
 
 
 def _capturing(x: Tensor) -> bool:
@@ -155,7 +144,7 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
     h = pk.host()
     p = spec.parts[0]
     if len(spec.parts) == 1 and p.kind is _DECODE and lora_tok is None:  # the steady loop: slots only
-        pads = _pads(parts, p, True)
+        pads = _pads(p, True, False)
         pad = pads[0]
         if last.get("held") is not spec:  # else the device holds this very request's index data
             h[:p.n] = spec.slots  # the slots region is first
@@ -168,12 +157,14 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
             return Step(parts, spec, steady.binds, (_NO_CARRIES,), steady)
         return Step(parts, spec, (b,), (c,))
     o_slots, o_cu, o_cap, o_lora = pk.offsets
+    # whether another verify holds stash rows: a verify then pads in no step, and its window may start past row 0
+    held = any(q.kind is _VERIFY for q in spec.parts) and parts.seqs.stash_held()
     seq_at = tok_at = cu_at = cap_at = 0
     extent = 0
     layout = []
     for p in spec.parts:
         g, n, T = p.group, p.n, p.tokens
-        pads = _pads(parts, p, len(spec.parts) == 1)
+        pads = _pads(p, len(spec.parts) == 1, held)
         spad, tpad = pads[0], pads[1]
         h[o_slots + seq_at:o_slots + seq_at + n] = spec.slots[p.s0:p.s1]
         h[o_slots + seq_at + n:o_slots + seq_at + n + spad] = -1
@@ -200,29 +191,35 @@ def open_step(parts: StepParts, spec: StepSpec) -> "Step":
             cap_at += n
     pk.send(extent)
     parts.last["held"] = spec
-    window = _stash_window(parts, spec)
+    window = _stash_window(parts, spec) if held else 0
     binds, carries = [], []
     for lay in layout:
         b, c = _bind(parts, spec, lora_tok is not None, window, *lay, stream)
         binds.append(b)
         carries.append(c)
+    loop = last.get("verify")
+    if loop is not None and loop.spec is spec and not held and lora_tok is None and parts.feeds is None:
+        # the verify-accept loop: its next verify opens from these binds (no other verify holds stash rows, and
+        # none can start before it repeats: that would change the table's version, which ends the loop)
+        last["steady"] = _Steady(spec, (binds[0],), loop.at, None, parts.stats.kinds[_VERIFY], spec.cu[:-1])
     return Step(parts, spec, tuple(binds), tuple(carries))
 
 
-def _pads(parts: StepParts, p: Part, alone: bool) -> tuple[int, int, bool]:
+def _pads(p: Part, alone: bool, held: bool) -> tuple[int, int, bool]:
     """(padding sequences, padding rows, padded) of a group: a decode group with a bucket pads to it; a verify
     group with one pads to the bucket and its rows when it is the step's only group (`alone`: the index buffer's
     regions hold a decode bucket beside the other groups' sequences, not a verify bucket too) and no other verify
-    holds stash rows (module docstring). The selector gives a verify group with missing drafts a bucket above its
-    sequences, so there is a padding sequence for the padding rows."""
+    holds stash rows (`held`; module docstring). The selector gives a verify group with missing drafts a bucket
+    above its sequences, so there is a padding sequence for the padding rows."""
     g = p.group
-    if g.bucket is None or (p.kind is _VERIFY and (not alone or parts.seqs.stash_held())):
+    if g.bucket is None or (p.kind is _VERIFY and (not alone or held)):
         return 0, 0, False
     return g.bucket - p.n, g.rows - p.tokens, True
 
 
 def _stash_window(parts: StepParts, spec: StepSpec) -> int:
-    """The first stash row of the step's verify tokens (0 without any): rows no pending verify holds."""
+    """The first stash row of the step's verify tokens, while another verify holds stash rows: rows it does not
+    hold."""
     tokens = sum(p.tokens for p in spec.parts if p.kind is _VERIFY)
     if not tokens:
         return 0
@@ -526,6 +523,10 @@ class Step:
         fence = p.pool.fence(p.stream())
         table = p.seqs
         steady = self._steady
+        if steady is not None and steady.rows is not None:  # the verify-accept loop
+            self._pending(steady.binds[0], steady.at, spec.lengths, steady.rows)
+            steady.kind.add(steady.binds[0].part.group)
+            return
         if steady is not None:  # the steady loop: one group of decode, no PLE carries
             view = steady.positions
             if view is not None:
@@ -540,7 +541,7 @@ class Step:
             part = b.part
             slots, L = spec.slots[part.s0:part.s1], spec.lengths[part.s0:part.s1]
             if part.kind is _VERIFY:
-                self._pending(b, slots, L)
+                self._pending(b, slots, L, b.stash_at + spec.cu[part.s0:part.s1] - spec.cu[part.s0])
             else:
                 written.append(slots)
                 if part.kind is _PREFILL and spec.capture_at is not None:
@@ -552,19 +553,25 @@ class Step:
         if written:
             p.pool.mark_written(np.concatenate(written) if len(written) > 1 else written[0], fence)
 
-    def _pending(self, b: _Bound, slots: np.ndarray, L: np.ndarray) -> None:
-        table, spec, part = self._p.seqs, self._spec, b.part
+    def _pending(self, b: _Bound, slots: np.ndarray | slice, L: np.ndarray, rows: np.ndarray) -> None:
+        """The verify group's sequences hold its drafts from stash rows `rows` on until accepted; a `request.Loop`
+        of this spec goes on to "pending"."""
+        p, spec, part = self._p, self._spec, b.part
+        table = p.seqs
         table.epoch += 1
         table.pend_epoch[slots] = table.epoch
-        table.block(slots)
-        first = spec.cu[part.s0:part.s1] - spec.cu[part.s0]
-        table.pend_row[slots] = b.stash_at + first
+        was = table.version
+        table.hold(slots, True)
+        loop = p.last.get("verify")
+        if loop is not None and loop.spec is spec and loop.stage == "checked":
+            loop.advance("pending", was, table.version)
+        table.pend_row[slots] = rows
         table.pend_count[slots] = L
         if table.pend_ids is not None and part.tokens:
-            rows = np.repeat(slots, L)
-            cols = np.arange(part.tokens) - np.repeat(first, L)
-            table.pend_ids[rows, cols] = spec.ids[part.t0:part.t1]
-        self._p.stats.drafted += part.tokens
+            at = np.repeat(slots, L)
+            cols = np.arange(part.tokens) - np.repeat(rows - b.stash_at, L)
+            table.pend_ids[at, cols] = spec.ids[part.t0:part.t1]
+        p.stats.drafted += part.tokens
 
     def _captures(self, b: _Bound, slots: np.ndarray, L: np.ndarray, fence: Fence) -> None:
         """Serialize each requested capture point (after the step completed: the commit fence)."""

@@ -1,0 +1,220 @@
+"""The steady verify-accept loop on the CPU (`request.Loop`, `steps._Steady` with rows, `dictapi.accept`).
+
+A speculative decoding loop verifies the same sequences with the same draft counts and accepts them all, step after
+step. The loop's second verify reuses the first one's checked request and bound views, and its accept skips the
+checks the loop holds. Against a twin session whose every request is checked in full (the loop ended before each
+accept), outputs and the whole state agree bit for bit. Anything else that changes the sequence table ends the loop,
+and the full checks then refuse what they must, changing nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gdn_trt.runtime.select import GraphPolicy
+from gdn_trt.runtime.seqs import SequenceError
+from gdn_trt.runtime.steps import StepError
+
+from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session
+
+K = LIMITS.max_draft
+
+
+def _pair(name: str, pad: bool):
+    """Two sessions of the same weights; `pad`: verify groups padded to buckets (eager on the CPU's engines)."""
+    out = [open_session(name) for _ in range(2)]
+    if pad:
+        for s in out:
+            s.selector.policy = GraphPolicy(True, (1, 3, 6), True, K)
+            s.selector._memo.clear()
+    return out
+
+
+def _verify(s, seqs, lengths, x):
+    with s.begin_step(seqs, "verify", lengths) as st:
+        out = st.run(x)
+    return st, out
+
+
+@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize("lengths", [[K, K, K], [2, K, 1]])
+def test_the_loop_equals_full_checks_bit_for_bit(lengths, pad):
+    """Verify 3 sequences, accept different counts (none, some, every draft), ten times: the loop (arrays reused)
+    takes its fast paths from the second round on; the twin ends its loop before every accept, so each of its
+    requests and accepts is checked in full. Outputs, the pools, the stash and the pending verifies agree bit for
+    bit after every round."""
+    loop, full = _pair(PLAIN, pad)
+    qs = np.array([loop.add_sequence() for _ in range(3)])
+    assert [full.add_sequence() for _ in range(3)] == qs.tolist()
+    h, _ = inputs(loop, 16, seed=7)
+    for s in (loop, full):
+        for k, q in enumerate(qs.tolist()):
+            s.prefill(q, h[3 * k:3 * k + 3])
+    L = np.array(lengths)
+    g = torch.Generator().manual_seed(3)
+    specs = []
+    for r in range(10):
+        x = torch.randn(int(L.sum()), loop.cfg.stream_dim, generator=g)
+        counts = np.array([(r + k) % (n + 1) for k, n in enumerate(lengths)])
+        st, out = _verify(loop, qs, L, x)
+        ref_st, ref = _verify(full, qs.tolist(), L.tolist(), x)
+        assert torch.equal(out, ref), f"round {r}"
+        specs.append(st._spec)
+        assert (st._steady is not None and st._steady.rows is not None) == (r > 0), f"round {r}"
+        assert ref_st._steady is None
+        full._steps.last.pop("verify")  # the twin's accept takes the full checks
+        loop.accept_batch(qs, counts)
+        full.accept_batch(qs, counts)
+        assert loop._steps.last["verify"].stage == "ready"
+        assert fingerprint(loop) == fingerprint(full), f"round {r}"
+    assert all(sp is specs[0] for sp in specs)
+    assert loop.stats().accepted == full.stats().accepted > 0
+
+
+def test_accepts_fold_through_the_index_buffer_and_leave_the_step_data():
+    """An accept's (stash row, slot) pairs go through the index buffer's own region: the next verify of the loop
+    sends nothing, and the slots and offsets the device holds are still its own."""
+    s = open_session(PLAIN)
+    qs = np.array([s.add_sequence() for _ in range(3)])
+    h, _ = inputs(s, 12, seed=2)
+    L = np.array([2, 3, 1])
+    pk = s._steps.pack
+    lo = pk.regions["fold"][0]
+    for r in range(3):
+        before = pk.copies
+        _verify(s, qs, L, h[:6])
+        assert pk.copies - before == (1 if r == 0 else 0), f"round {r}"
+        cu = pk.view("cu", 0, 4).tolist()
+        assert pk.view("slots", 0, 3).tolist() == [s._seqs.slot(int(q)) for q in qs] and cu == [0, 2, 5, 6]
+        s.accept_batch(qs, np.array([1, 3, 0]))
+        assert pk.dev[lo:lo + 4].tolist() == [0, 4, 0, 1]  # stash rows 0 and 2 + 2, slots 0 and 1
+        assert pk.view("slots", 0, 3).tolist() == [s._seqs.slot(int(q)) for q in qs]
+        assert pk.view("cu", 0, 4).tolist() == cu
+
+
+def _ready(s, qs, L, h):
+    _verify(s, qs, L, h[:int(L.sum())])
+    s.accept_batch(qs, np.zeros(qs.size, dtype=np.int64))
+    assert s._steps.last["verify"].stage == "ready"
+
+
+def test_the_loop_ends_at_any_other_change():
+    """Each change below ends the loop: the next verify is checked in full (a new request), and a request the
+    change makes wrong is refused by name, changing nothing."""
+    s = open_session(PLAIN)
+    qs = np.array([s.add_sequence() for _ in range(3)])
+    h, _ = inputs(s, 16, seed=5)
+    L = np.array([1, 2, 1])
+
+    def spec_after(change):
+        _ready(s, qs, L, h)
+        old = s._steps.last["verify"].spec
+        change()
+        st, _ = _verify(s, qs, L, h[:4])
+        s.accept_batch(qs, np.zeros(3, dtype=np.int64))
+        return st._spec is old
+
+    assert spec_after(lambda: None)  # nothing changed: the same request
+    assert not spec_after(lambda: s.add_sequence())
+    other = s.sequences[-1]
+    assert not spec_after(lambda: (_verify(s, np.array([other]), np.array([1]), h[:1]), s.accept({other: 0})))
+    # the lengths array rewritten in place: checked again, and refused
+    _ready(s, qs, L, h)
+    bad = L.copy()
+    _ready(s, qs, bad, h)
+    bad[1] = K + 1
+    before = fingerprint(s)
+    with pytest.raises(ValueError, match=f"verify of sequence {qs[1]} brings {K + 1} draft tokens"):
+        s.begin_step(qs, "verify", bad)
+    assert fingerprint(s) == before
+    # a released sequence: refused by name
+    _ready(s, qs, L, h)
+    s.release(int(qs[2]))
+    before = fingerprint(s)
+    with pytest.raises(SequenceError, match=f"sequence {qs[2]} was released"):
+        s.begin_step(qs, "verify", L)
+    assert fingerprint(s) == before
+
+
+def test_an_accept_other_than_the_loops_is_checked_in_full():
+    """While the loop's verify is pending: an accept of a subset, or of its sequences in another order, takes the
+    full checks (and ends the loop); counts out of range on the loop's own accept are refused, naming the sequence,
+    and change nothing; after a failed step the loop is over and its sequences refused."""
+    s = open_session(PLAIN)
+    qs = np.array([s.add_sequence() for _ in range(3)])
+    h, _ = inputs(s, 16, seed=9)
+    L = np.array([2, 2, 1])
+    _ready(s, qs, L, h)
+    _verify(s, qs, L, h[:5])
+    before = fingerprint(s)
+    with pytest.raises(ValueError, match=f"sequence {qs[2]}: accepted count must be an int in 0..1, got 2"):
+        s.accept_batch(qs, np.array([1, 2, 2]))
+    with pytest.raises(ValueError, match=f"sequence {qs[0]}: accepted count must be an int in 0..2, got -1"):
+        s.accept_batch(qs, np.array([-1, 0, 0]))
+    assert fingerprint(s) == before and s._steps.last["verify"].stage == "pending"
+    s.accept_batch(qs[::-1].copy(), np.array([1, 2, 0]))  # another order: the full path
+    assert s._steps.last["verify"].stage != "ready"
+    assert [s.position(int(q)) for q in qs] == [0, 2, 1]
+    with pytest.raises(SequenceError, match=f"sequence {qs[0]} has no verify to accept"):
+        s.accept_batch(qs, np.zeros(3, dtype=np.int64))
+    _ready(s, qs, L, h)
+    _verify(s, qs, L, h[:5])
+    s.accept_batch(qs[:2].copy(), np.array([2, 2]))  # a subset: the full path; the third stays pending
+    assert s._steps.last["verify"].stage != "ready"
+    with pytest.raises(SequenceError, match=f"sequence {qs[2]} has an unaccepted verify"):
+        s.begin_step(qs, "verify", L)
+    s.accept({int(qs[2]): 1})
+    _ready(s, qs, L, h)
+    with pytest.raises(RuntimeError, match="the host's model failed"):
+        with s.begin_step(qs, "verify", L) as st:
+            st.run(h[:5])
+            raise RuntimeError("the host's model failed after the layers ran")
+    with pytest.raises(SequenceError, match="failed in an earlier step"):
+        s.accept_batch(qs, np.zeros(3, dtype=np.int64))
+    with pytest.raises(SequenceError, match="failed in an earlier step"):
+        s.begin_step(qs, "verify", L)
+
+
+def test_no_loop_beside_another_pending_verify_or_with_token_ids():
+    """A verify while another sequence's verify holds stash rows binds no steady step (its window is not row 0),
+    nor does a verify of a PLE model (its token ids change every step); both still agree with their full checks
+    (`test_step_context`)."""
+    s = open_session(PLAIN)
+    a, b, c = (s.add_sequence() for _ in range(3))
+    h, _ = inputs(s, 16, seed=1)
+    _verify(s, np.array([c]), np.array([2]), h[:2])
+    for r in range(2):
+        st, _ = _verify(s, np.array([a, b]), np.array([1, 1]), h[2:4])
+        assert st._steady is None and st._binds[0].stash_at == 2
+        s.accept_batch(np.array([a, b]), np.array([1, 0]))
+    p = open_session(HC_PLE)
+    qs = np.array([p.add_sequence() for _ in range(2)])
+    hp, ids = inputs(p, 8, seed=2)
+    for r in range(2):
+        with p.begin_step(qs, "verify", np.array([1, 1]), ids[r:r + 2]) as st:
+            st.run(hp[:2])
+        assert st._steady is None and p._steps.last.get("verify") is None
+        p.accept_batch(qs, np.array([1, 1]))
+
+
+def test_a_refused_verify_step_leaves_the_loop_able_to_go_on():
+    """A loop verify opened and refused before any layer call (a layer out of order) changes nothing; aborted, the
+    next verify is checked in full, and the loop goes on from there."""
+    s = open_session(PLAIN)
+    qs = np.array([s.add_sequence() for _ in range(2)])
+    h, _ = inputs(s, 8, seed=4)
+    L = np.array([1, 1])
+    _ready(s, qs, L, h)
+    before = fingerprint(s)
+    st = s.begin_step(qs, "verify", L)
+    with pytest.raises(StepError):
+        st.layer(st._layers[-1], h[:2])
+    st.abort()
+    assert fingerprint(s) == before
+    for r in range(2):
+        st, _ = _verify(s, qs, L, h[:2])
+        assert (st._steady is not None) == (r > 0)
+        s.accept_batch(qs, np.array([1, 0]))
+    assert [s.position(int(q)) for q in qs] == [2, 0]
