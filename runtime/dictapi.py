@@ -4,7 +4,8 @@
 two kinds, ids for a sequence not in the step), naming the sequence; then it lays the sequences out in kind order,
 concatenates their inputs and runs one `begin_step` + `run` (which checks everything else, as a whole, before
 anything is written); the output rows go back into a dict of views. `accept` checks a verify's acceptance as a whole
-and folds the accepted stash rows into the pools with one gather per buffer.
+(the accept of a steady loop's verify: its counts only, `request.Loop`) and folds the accepted stash rows into the
+pools (`StepBuffers.fold`).
 """
 
 from __future__ import annotations
