@@ -70,7 +70,8 @@ if INSIDE:
         ([(3, 40), (2, 64, 40), (3, 24)], [torch.bfloat16, torch.float32, torch.bfloat16]),  # 5120 words: 2 blocks
         ([(3, 5), (2, 3, 7)], [torch.bfloat16, torch.float32]),  # 30-byte rows: 2-byte words
     ])
-    def test_interp_fold_equals_torch(shapes, dtypes):
+    @pytest.mark.parametrize("index", [torch.int64, torch.int32])  # int32: the index buffer's (PackBuffers.pairs)
+    def test_interp_fold_equals_torch(shapes, dtypes, index):
         pairs = _pairs(9, 7, shapes, dtypes, seed=1)
         stash = [s.clone() for s, _ in pairs]
         rows, slots = [4, 0, 8], [6, 2, 3]
@@ -79,7 +80,7 @@ if INSIDE:
             w = dst.clone()
             w.index_copy_(0, torch.tensor(slots), src.index_select(0, torch.tensor(rows)))
             want.append(w)
-        fold.fold(fold.Table.of(pairs), torch.tensor([rows, slots], dtype=torch.int64))
+        fold.fold(fold.Table.of(pairs), torch.tensor([rows, slots], dtype=index))
         for (src, dst), w, s in zip(pairs, want, stash):
             assert torch.equal(dst[slots], w[slots])  # the accepted rows, bit for bit
             assert dst[[0, 1, 4, 5]].isnan().all()  # the other slots: their poison untouched
