@@ -145,10 +145,9 @@ def accept(parts: StepParts, seqs: np.ndarray, counts: object, stream) -> None:
         parts.feeds.commit(slots, parts.feeds.carries_after(slots, ids, cu))
     table.position[at] += counts
     table.pend_epoch[at] = -1
-    was = table.version
     table.hold(at, False)
     if loop is not None:
-        loop.advance("ready", was, table.version)
+        loop.advance("ready", table.version)
     parts.stats.accepted += int(counts.sum())
     parts.pool.mark_written(slots[take], fence)
 

@@ -77,7 +77,7 @@ class StepSpec:
 @dataclass(slots=True)
 class Loop:
     """A verify request on its way round the steady verify-accept loop: verify the same sequences with the same
-    draft counts, accept them all, again. `stage`: "checked" (by `check`, the table at `version`), "pending" (its
+    draft counts, accept each of them (any counts), again. `stage`: "checked" (by `check`, the table at `version`), "pending" (its
     step committed, whose block made `version`) or "ready" (`accept` took exactly its sequences, whose unblock made
     `version`: nothing else changed the table since the check, so its steppable set is again the one the request was
     checked against, and `check` hands back `spec`). `at`: the slots as the cheapest numpy index (`basic_index`,
@@ -93,11 +93,11 @@ class Loop:
     lengths: bytes
     at: slice | np.ndarray
 
-    def advance(self, stage: str, was: int, now: int) -> None:
-        """One stage on, where the table's version was `was` before the change that made it `now`; where it was
-        another (something else changed the table in between) the loop ends."""
-        self.stage = stage if self.version == was else "ended"
-        self.version = now
+    def advance(self, stage: str, version: int) -> None:
+        """One stage on, at the table's `version` after the change that took it there. Nothing else changes the
+        table between two stages: from the check to the commit the step is open (the session refuses every other
+        call meanwhile), and an accept goes on from "pending" only at the version the commit left."""
+        self.stage, self.version = stage, version
 
 
 def kind_codes(kind: object, n: int) -> np.ndarray:

@@ -560,11 +560,10 @@ class Step:
         table = p.seqs
         table.epoch += 1
         table.pend_epoch[slots] = table.epoch
-        was = table.version
         table.hold(slots, True)
         loop = p.last.get("verify")
         if loop is not None and loop.spec is spec and loop.stage == "checked":
-            loop.advance("pending", was, table.version)
+            loop.advance("pending", table.version)
         table.pend_row[slots] = rows
         table.pend_count[slots] = L
         if table.pend_ids is not None and part.tokens:

@@ -218,3 +218,105 @@ def test_a_refused_verify_step_leaves_the_loop_able_to_go_on():
         assert (st._steady is not None) == (r > 0)
         s.accept_batch(qs, np.array([1, 0]))
     assert [s.position(int(q)) for q in qs] == [2, 0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_operations_against_full_checks(seed):
+    """Random operations around a verify-accept loop (its verify and accept again and again, between them adds,
+    releases, other sequences' steps and accepts, accepts of a subset or in another order, bad counts, the draft
+    counts' array rewritten in place, a step failing after its layers ran) on the loop's session and on a twin
+    whose every request and accept is checked in full: the same outputs, the same refusals (type and message) and
+    bit-for-bit the same state after every operation."""
+    import random
+
+    rng = random.Random(seed)
+    loop, full = open_session(PLAIN), open_session(PLAIN)
+    C = loop.cfg.stream_dim
+    g = torch.Generator().manual_seed(seed)
+    group = np.array([loop.add_sequence() for _ in range(3)])
+    assert [full.add_sequence() for _ in range(3)] == group.tolist()
+    L = np.array([K, 2, 1])
+
+    def both(fn):
+        outs = []
+        for s in (loop, full):
+            if s is full:
+                s._steps.last.pop("verify", None)
+            try:
+                outs.append(("ok", fn(s)))
+            except Exception as e:  # noqa: BLE001 (the twins must refuse alike)
+                outs.append((type(e).__name__, str(e)))
+        return outs
+
+    def verify(seqs, lengths, fail=False):
+        x = torch.randn(int(np.asarray(lengths).sum()), C, generator=g)
+
+        def run(s):
+            with s.begin_step(seqs, "verify", lengths) as st:
+                out = st.run(x)
+                if fail:
+                    raise RuntimeError("the host's model failed after the layers ran")
+            return out
+        return run
+
+    def others(s):
+        return [q for q in s.sequences if q not in group.tolist()]
+
+    took, spec = 0, None
+    for t in range(300):
+        op = rng.choice(["loop"] * 12 + ["accept"] * 12 + ["reorder", "subset", "bad", "add", "release", "decode",
+                                                           "other", "accept_other", "mutate", "fail"]
+                        + ["regroup"] * 3)
+        if op == "loop":
+            fn = verify(group, L)
+        elif op == "accept":
+            fn = lambda s: s.accept_batch(group, np.array([rng_c[k] for k in range(group.size)]))  # noqa: E731
+        elif op == "reorder":
+            fn = lambda s: s.accept_batch(group[::-1].copy(), np.zeros(group.size, dtype=np.int64))  # noqa: E731
+        elif op == "subset":
+            fn = lambda s: s.accept_batch(group[:1].copy(), np.zeros(1, dtype=np.int64))  # noqa: E731
+        elif op == "bad":
+            fn = lambda s: s.accept_batch(group, L + 1)  # noqa: E731
+        elif op == "add":
+            fn = lambda s: s.add_sequence() if len(s.sequences) < LIMITS.max_seqs else None  # noqa: E731
+        elif op == "release":
+            q = rng.choice(loop.sequences) if loop.sequences else None
+            fn = lambda s: s.release(q) if q is not None else None  # noqa: E731
+        elif op == "decode":
+            fn = lambda s: s.decode({q: torch.ones(1, C) for q in others(s)}) if others(s) else None  # noqa: E731
+        elif op == "other":
+            fn = lambda s: s.verify({q: torch.ones(2, C) for q in others(s)[:1]}) if others(s) else None  # noqa
+        elif op == "accept_other":
+            fn = lambda s: s.accept({q: 1 for q in others(s)[:1]}) if others(s) else None  # noqa: E731
+        elif op == "mutate":
+            L[rng.randrange(L.size)] = rng.randint(0, K)
+            continue
+        elif op == "fail":
+            fn = verify(group, L, fail=True)
+        else:  # a new group: live sequences, whichever they are
+            live = loop.sequences
+            if len(live) < 2:
+                continue
+            group = np.array(sorted(rng.sample(live, rng.randint(1, min(3, len(live))))))
+            L = np.array([rng.randint(0, K) for _ in group])
+            continue
+        rng_c = [rng.randint(0, int(n)) for n in L]
+        a, b = both(fn)
+        assert a[0] == b[0], (t, op, a, b)
+        if a[0] == "ok" and isinstance(a[1], torch.Tensor):
+            assert torch.equal(a[1], b[1]), (t, op)
+        elif a[0] != "ok":
+            assert a[1] == b[1], (t, op)
+        assert fingerprint(loop) == fingerprint(full), (t, op)
+        last = loop._steps.last.get("verify")
+        if op == "loop" and a[0] == "ok":
+            took += last.spec is spec  # the request of the loop's last verify, handed back
+            spec = last.spec
+        if a[0] == "RuntimeError":  # a failed step: release its sequences, and carry on with a new group
+            for q in set(group.tolist()) & set(loop.sequences):
+                for s in (loop, full):
+                    s.release(q)
+            fresh = [loop.add_sequence() for _ in range(min(2, LIMITS.max_seqs - len(loop.sequences)))]
+            assert [full.add_sequence() for _ in fresh] == fresh
+            group, L = np.array(fresh), np.array([1, K][:len(fresh)])
+    assert took >= 5, took  # the loop went round, not only its full checks
