@@ -81,8 +81,8 @@ class Table:
 
 
 def fold(table: Table, pairs: Tensor) -> None:
-    """pairs [2, n] int32 or int64 on the device, contiguous: stash rows, then pool slots (distinct), n >= 1. Every table pair's stash row
-    pairs[0, k] is copied to its pool's row pairs[1, k], on the current stream."""
+    """pairs [2, n] int32 or int64 on the device, contiguous: stash rows, then pool slots (distinct), n >= 1. Every
+    table pair's stash row pairs[0, k] is copied to its pool's row pairs[1, k], on the current stream."""
     n = pairs.shape[1]
     grid = (n, table.words.shape[0], triton.cdiv(table.widest, BLOCK))
     _fold_kernel[grid](table.words, pairs, n, WORD=_WORDS[table.word], VEC=16 // table.word if table.vec else 1,

@@ -7,20 +7,20 @@ CUDA graph captured over them, the runtime's own or a host's) has a stable addre
     slots [2S] | cu [S + 2] | capture_at [S] | lora [L] | io [6] | fold [2S]
     (S = max_seqs, L = RuntimeLimits.max_step_tokens)
 
-A step's groups (decode, verify, prefill, in this order) take consecutive parts of each region; a decode group
-padded to a CUDA-graph bucket B takes B slots (-1 past its sequences) and B LoRA entries (-1), starting at 0, so the
-views a bucket's graph reads are the same every step. Decode groups read `cu_decode`, the constant 0..S, instead of
-the cu region. `io` holds three int64 words at an 8-byte aligned offset: the addresses a decode graph copies its
-input from and its output to (`graph_io.py`), sent on their own (`send_io`) once the step's x and output are known,
-after the rest went when the step opened. `fold` holds an accept's (stash row, slot) pairs (`pairs`), sent on their
-own: an accept is no step, and no graph reads them. The host writes a step's entries into a staging array; `send` copies them
-only where they differ from what the device buffer already holds (a mirror of the entries sent so far): a steady
-decode loop of the same sequences sends nothing, which saves its one host-to-device copy, the event and the wait of
-a ring buffer (three CUDA calls, about a third of the host time of a decode step on the H200's host; nothing else
-writes the buffer for good: a capture's warm-up puts back the slots it blanks). A copy goes through a ring of pinned
-buffers: a buffer is rewritten only after its last copy has been read (its event), so the host can prepare step k+1
-while the copy of step k is still queued behind the GPU. The CPU runs the same path (unpinned buffers, a plain
-copy), so every device holds what `budget.py` counts.
+A step's groups (decode, verify, prefill, in this order) take consecutive parts of each region; a decode group padded to
+a CUDA-graph bucket B takes B slots (-1 past its sequences) and B LoRA entries (-1), starting at 0, so the views a
+bucket's graph reads are the same every step. Decode groups read `cu_decode`, the constant 0..S, instead of the cu
+region. `io` holds three int64 words at an 8-byte aligned offset: the addresses a decode graph copies its input from and
+its output to (`graph_io.py`), sent on their own (`send_io`) once the step's x and output are known, after the rest went
+when the step opened. `fold` holds an accept's (stash row, slot) pairs (`pairs`), sent on their own: an accept is no
+step, and no graph reads them. The host writes a step's entries into a staging array; `send` copies them only where they
+differ from what the device buffer already holds (a mirror of the entries sent so far): a steady decode loop of the same
+sequences sends nothing, which saves its one host-to-device copy, the event and the wait of a ring buffer (three CUDA
+calls, about a third of the host time of a decode step on the H200's host; nothing else writes the buffer for good: a
+capture's warm-up puts back the slots it blanks). A copy goes through a ring of pinned buffers: a buffer is rewritten
+only after its last copy has been read (its event), so the host can prepare step k+1 while the copy of step k is still
+queued behind the GPU. The CPU runs the same path (unpinned buffers, a plain copy), so every device holds what
+`budget.py` counts.
 """
 
 from __future__ import annotations

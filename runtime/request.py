@@ -77,13 +77,13 @@ class StepSpec:
 @dataclass(slots=True)
 class Loop:
     """A verify request on its way round the steady verify-accept loop: verify the same sequences with the same
-    draft counts, accept each of them (any counts), again. `stage`: "checked" (by `check`, the table at `version`), "pending" (its
-    step committed, whose block made `version`) or "ready" (`accept` took exactly its sequences, whose unblock made
-    `version`: nothing else changed the table since the check, so its steppable set is again the one the request was
-    checked against, and `check` hands back `spec`). `at`: the slots as the cheapest numpy index (`basic_index`,
-    never a bare int: counts are arrays). Only a verify of one group without token ids or adapters takes the loop.
-    Mutable, unlike the other records here: `dataclasses.replace` of a frozen one took 5.7 us under cProfile on this
-    2-core CPU, three times a loop."""
+    draft counts, accept each of them (any counts), again. `stage`: "checked" (by `check`, the table at `version`),
+    "pending" (its step committed, whose block made `version`) or "ready" (`accept` took exactly its sequences,
+    whose unblock made `version`: nothing else changed the table since the check, so its steppable set is again the
+    one the request was checked against, and `check` hands back `spec`). `at`: the slots as the cheapest numpy index
+    (`basic_index`, never a bare int: counts are arrays). Only a verify of one group without token ids or adapters
+    takes the loop. Mutable, unlike the other records here: `dataclasses.replace` of a frozen one took 5.7 us under
+    cProfile on this 2-core CPU, three times a loop."""
 
     stage: str
     spec: StepSpec
