@@ -86,6 +86,8 @@ def test_verify_steps_run_from_their_graph_entry():
     st = sess.stats().graphs
     assert st.captured == ["verify_multi bucket 3"] and not st.gate_failures and st.replays == 3
     assert [e.x.shape[0] for e in built] == [12]
+    last = sess._steps.last  # the dict API's verify-accept loop: its later rounds opened from the bound step
+    assert last["verify"].stage == "ready" and last["steady"].spec is last["verify"].spec
 
 
 def test_gate_compares_the_stash_window():
