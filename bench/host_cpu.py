@@ -11,7 +11,9 @@ besides the layers' device work.
   second session whose decode buckets hold a gated graph entry with the replay stubbed out: the Python a GPU host
   runs around its one graph launch (the stack's loop above is what the replay replaces). `verify`: the same for the
   verify-accept loop of a session with verify graphs (every sequence drafting max_draft tokens, in place, then
-  `accept_batch` of none).
+  `accept_batch` of none). `churn` and `vchurn`: the same two steps with one sequence leaving and another joining at
+  every step (two sets of N sequences in turn), so that every request is checked in full and its index data sent,
+  as in a continuous batch whose members change every step.
 - `ple`: the PLE host part of a decode step at Qwen4-Exp shapes (16 n-gram heads x 160, bf16 table rows, the table
   shrunk to ~85k rows): hashing, the row cache lookup and the staging of N = 1..256 sequences' rows, every step the
   same ids (after the first step every row is a cache hit), as the session's PLE feeds do it.
@@ -86,9 +88,11 @@ class _NoReplay:
         pass
 
 
-def _static_step(cfg, limits: RuntimeLimits, n: int, verify: bool = False):
+def _static_step(cfg, limits: RuntimeLimits, n: int, verify: bool = False, churn: bool = False):
     """A session whose decode (`verify`: verify, each sequence drafting max_draft tokens) bucket of n sequences
-    replays a stubbed graph, and its steady step in place (a verify accepts none of its drafts)."""
+    replays a stubbed graph, and its steady step in place (a verify accepts none of its drafts). `churn`: the step
+    alternates between two sets of n sequences (the first n of n + 1 and the last n: one leaves, one joins), so every
+    step is a new request, checked in full, its index data sent."""
     from gdn_trt.model.modes import StepKind
     from gdn_trt.runtime import graphs
     from gdn_trt.runtime.stack import Packed
@@ -97,13 +101,16 @@ def _static_step(cfg, limits: RuntimeLimits, n: int, verify: bool = False):
     sess = Session.open(cfg, backend="torch", device="cpu", options=SessionOptions(limits=limits))
     sess.selector.engines = [[_Capturable(i)] for i in cfg.gdn_layer_ids]
     sess.selector.policy = GraphPolicy(True, limits.buckets(), True, K)
-    ids = np.asarray([sess.add_sequence() for _ in range(n)], dtype=np.int64)
+    ids = np.asarray([sess.add_sequence() for _ in range(n + churn)], dtype=np.int64)
+    sets, turn = (ids[:n], ids[churn:]), [0]
     kind, lengths, none = ("verify", np.full(n, K), np.zeros(n, dtype=np.int64)) if verify else ("decode", None, None)
     g = sess.selector.group(StepKind.VERIFY if verify else StepKind.DECODE, n, n * K if verify else n)
     gc = sess.graphs
 
     def static():
-        with sess.begin_step(ids, kind, lengths) as st:
+        seqs = sets[turn[0]]
+        turn[0] ^= churn
+        with sess.begin_step(seqs, kind, lengths) as st:
             if not gc._entries:  # the first step: its bound padded views make the stubbed entry
                 fixed, b = gc._input(g.rows), st._binds[0]
                 inp = Packed(fixed.x, None, b.pack_pad, None)
@@ -112,7 +119,7 @@ def _static_step(cfg, limits: RuntimeLimits, n: int, verify: bool = False):
                     g.mode, g.bucket, fixed, None, inp.pack, None, [seg], True)
             st.run(st.input(), copy=False)
         if verify:
-            sess.accept_batch(ids, none)
+            sess.accept_batch(seqs, none)
 
     static()
     assert sess.stats().graphs.replays == 1, "the stubbed graph did not run"
@@ -137,7 +144,8 @@ def _median_us(fn, steps: int) -> tuple[float, float]:
 def _stub_stack() -> tuple:
     """The stub rows' stack: (config, limits)."""
     cfg = PRESETS["tiny-next"].replace(layer_types=("linear_attention",) * 4, name="tiny-next-4L")
-    return cfg, RuntimeLimits(max_seqs=max(NS), max_prefill_tokens=64, max_draft=2)
+    buckets = tuple(sorted({*NS, *(2 ** k for k in range(9))}))  # a slot more than N = 256: the churn's joiner
+    return cfg, RuntimeLimits(max_seqs=max(NS) + 1, max_prefill_tokens=64, max_draft=2, graph_buckets=buckets)
 
 
 def static_reference(steps: int = 200) -> tuple[float, float]:
@@ -168,6 +176,8 @@ def stub_rows(steps: int) -> list[dict]:
             row["batched_us"], row["batched_cpu_us"] = _median_us(batched, steps)
             row["static_us"], row["static_cpu_us"] = _median_us(_static_step(cfg, limits, n), steps)
             row["verify_us"], row["verify_cpu_us"] = _median_us(_static_step(cfg, limits, n, verify=True), steps)
+            row["churn_us"], row["churn_cpu_us"] = _median_us(_static_step(cfg, limits, n, churn=True), steps)
+            row["vchurn_us"], row["vchurn_cpu_us"] = _median_us(_static_step(cfg, limits, n, True, True), steps)
         rows.append(row)
         print(row, flush=True)
     return rows
@@ -278,7 +288,8 @@ def main() -> None:
     stem = args.out / f"{meta['date']}-{args.name}"
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     cols = ["case", "n", "dict_us", "dict_cpu_us", "batched_us", "batched_cpu_us", "static_us", "static_cpu_us",
-            "verify_us", "verify_cpu_us", "stage_us", "stage_cpu_us"]
+            "churn_us", "churn_cpu_us", "verify_us", "verify_cpu_us", "vchurn_us", "vchurn_cpu_us", "stage_us",
+            "stage_cpu_us"]
     lines = [f"# {args.name} ({meta['date']})", "", *(f"- {k}: {v}" for k, v in meta.items()), "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols)

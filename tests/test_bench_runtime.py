@@ -60,6 +60,26 @@ def test_host_cpu_verify_stub_runs_the_verify_accept_loop_from_its_graph(runtime
     assert not sess._seqs.stash_held()  # accept_batch of none cleared every pending verify
 
 
+def test_host_cpu_churn_checks_every_request_and_replays_the_bucket(runtime_bench):
+    """`bench/host_cpu.py`'s `churn` and `vchurn` columns: two sets of 3 sequences in turn (one leaves, one joins),
+    every step a new request (no reuse of the last one's checked request or bound views), its index data sent, the
+    bucket's stubbed graph replayed; the verify's drafts accepted (none) by the step's own sequences."""
+    import host_cpu
+
+    cfg, limits = host_cpu._stub_stack()
+    for verify in (False, True):
+        step = host_cpu._static_step(cfg, limits, 3, verify, True)
+        sess, specs, copies = step.sess, [], []
+        for _ in range(4):
+            before = sess._steps.pack.copies
+            step()
+            copies.append(sess._steps.pack.copies - before)
+            specs.append(sess._step._spec)
+        assert [s.seqs.tolist() for s in specs] == [[1, 2, 3], [0, 1, 2]] * 2
+        assert len({id(s) for s in specs}) == 4 and copies == [1, 1, 1, 1]
+        assert sess.stats().graphs.replays == 5 and not sess._seqs.stash_held()
+
+
 def test_switches_bench_smoke_restores_the_switches(runtime_bench, monkeypatch, tmp_path):
     """`bench/switches.py` (the A/B of the switches written without a device, one process) in CPU smoke mode: a row
     per (configuration, N, API), `off` its own reference, and the switches back as they were after the run."""
