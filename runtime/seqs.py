@@ -93,17 +93,24 @@ def as_seq_ids(seqs: object, what: str = "seqs") -> np.ndarray:
     return a.astype(np.int64, copy=False)
 
 
+_RUN = np.arange(1024, dtype=np.int64)  # consecutive slots compare with a run of it (`basic_index`), grown as needed
+
+
 def basic_index(slots: np.ndarray) -> int | slice | np.ndarray:
-    """`slots` (distinct) as an int (one slot) or a slice (consecutive ascending slots) where it can: `a[k] += 1`
-    took 0.15 us, `view += 1` on a view made once 0.6-0.8 us, against 1.0-1.6 us for `a[slots] += 1` with the index
-    array, at 1 / 64 / 256 slots on this 2-core CPU (2026-12-04, timeit)."""
+    """`slots` (distinct, int64) as an int (one slot) or a slice (consecutive ascending slots) where it can:
+    `a[k] += 1` took 0.15 us, `view += 1` on a view made once 0.6-0.8 us, against 1.0-1.6 us for `a[slots] += 1` with
+    the index array, at 1 / 64 / 256 slots on this 2-core CPU (2026-12-04, timeit). Whether they are consecutive is
+    one byte compare with a run of `_RUN`: 0.2 us against 3.5 for `np.diff` at 64 slots (2026-12-05, timeit)."""
+    global _RUN
     n = slots.size
     if n == 1:
         return int(slots[0])
     first = int(slots[0])
-    if int(slots[-1]) - first == n - 1 and bool((np.diff(slots) == 1).all()):
-        return slice(first, first + n)
-    return slots
+    if int(slots[-1]) - first != n - 1 or slots.dtype != np.int64:
+        return slots
+    if first + n > _RUN.size:
+        _RUN = np.arange(2 * (first + n), dtype=np.int64)
+    return slice(first, first + n) if slots.tobytes() == _RUN[first:first + n].tobytes() else slots
 
 
 class SeqTable:

@@ -695,6 +695,20 @@ def test_a_steady_decode_step_commits_exactly_its_sequences():
     assert s.stats().kinds[StepKind.DECODE].steps == steps
 
 
+def test_basic_index_is_a_slice_only_for_consecutive_ascending_slots():
+    """`seqs.basic_index`: an int for one slot, a slice for consecutive ascending slots (past the run it compares
+    with as well: the run grows), the array itself for any other order or gap."""
+    from gdn_trt.runtime import seqs
+
+    assert seqs.basic_index(np.array([5])) == 5
+    assert seqs.basic_index(np.arange(3, 67)) == slice(3, 67)
+    far = np.arange(seqs._RUN.size + 5, seqs._RUN.size + 300)
+    assert seqs.basic_index(far) == slice(int(far[0]), int(far[-1]) + 1)
+    for other in ([0, 2, 1, 3], [4, 5, 7], [3, 2], [1, 2, 4, 4]):
+        a = np.array(other)
+        assert seqs.basic_index(a) is a, other
+
+
 def test_a_repeated_mixed_step_reuses_its_layout():
     """A mixed step of the same layout binds the same device views: the layout memos do not grow step by step."""
     s = open_session(PLAIN)
