@@ -28,7 +28,7 @@ import probes
 import torch
 import triton
 
-from common import RESULTS, copy_bandwidth, device_info, grouped_bars, time_cuda, write_results
+from common import RESULTS, copy_bandwidth, device_info, bar_figure, time_cuda, write_results
 
 from gdn_trt.model.config import GdnConfig
 from gdn_trt.runtime.budget import slot_bytes, weight_bytes
@@ -131,19 +131,11 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib.pyplot as plt
-
     names = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "floor"]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    grouped_bars(ax, rows, names, lambda r: r["over_floor"] or 0)
-    ax.axhline(1.25, color="r", lw=0.8, ls="--", label="issue 15's target")
-    ax.axhline(1.0, color="k", lw=0.6)
-    ax.set_ylabel("step time / floor")
-    ax.set_ylim(0.9, max([1.5] + [r["over_floor"] or 0 for r in rows]) * 1.05)
-    ax.legend(fontsize=7, ncol=3)
-    ax.set_title("decode step, 4 Qwen3-Next GDN layers: launch structures of pure streaming kernels vs ours")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    bar_figure(path, rows, names, lambda r: r["over_floor"] or 0, "step time / floor",
+                 (0.9, max([1.5] + [r["over_floor"] or 0 for r in rows]) * 1.05),
+                 "decode step, 4 Qwen3-Next GDN layers: launch structures of pure streaming kernels vs ours",
+                 ((1.25, "r", "issue 15's target"),))
 
 
 def main() -> None:

@@ -223,12 +223,27 @@ def pdl_off(module: ModuleType | None):
             setattr(module, name, f)
 
 
-def grouped_bars(ax, rows: list[dict], names: list[str], value) -> None:
-    """One group of bars per N of `rows` (labelled "N = n"), one bar per variant of `names` in each: `value(row)` of
-    that variant's row at that N (0 where it has none), with a legend label per variant."""
+def bar_figure(path, rows: list[dict], names: list[str], value, ylabel: str, ylim: tuple[float, float],
+                 title: str, lines: tuple[tuple[float, str, str | None], ...] = ()) -> None:
+    """A figure of one group of bars per N of `rows` (labelled "N = n"), one bar per variant of `names` in each:
+    `value(row)` of that variant's row at that N (0 where it has none), a legend label per variant; a horizontal
+    line at 1.0 and at each (y, colour, label) of `lines`; saved to `path`."""
+    import matplotlib.pyplot as plt
+
     ns = sorted({r["n"] for r in rows})
     w = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     for i, name in enumerate(names):
         ys = [next((value(r) for r in rows if r["variant"] == name and r["n"] == n), 0) for n in ns]
         ax.bar([k + i * w for k in range(len(ns))], ys, w, label=name)
     ax.set_xticks([k + 0.4 - w / 2 for k in range(len(ns))], [f"N = {n}" for n in ns])
+    for y, colour, label in lines:
+        ax.axhline(y, color=colour, lw=0.8, ls="--", label=label)
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(*ylim)
+    ax.legend(fontsize=7, ncol=3)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -177,7 +177,8 @@ def stub_rows(steps: int) -> list[dict]:
             row["static_us"], row["static_cpu_us"] = _median_us(_static_step(cfg, limits, n), steps)
             row["verify_us"], row["verify_cpu_us"] = _median_us(_static_step(cfg, limits, n, verify=True), steps)
             row["churn_us"], row["churn_cpu_us"] = _median_us(_static_step(cfg, limits, n, churn=True), steps)
-            row["vchurn_us"], row["vchurn_cpu_us"] = _median_us(_static_step(cfg, limits, n, True, True), steps)
+            row["vchurn_us"], row["vchurn_cpu_us"] = _median_us(_static_step(cfg, limits, n, verify=True, churn=True),
+                                                                steps)
         rows.append(row)
         print(row, flush=True)
     return rows

@@ -27,7 +27,7 @@ from pathlib import Path
 import runtime as rb  # bench/runtime.py: the session, stack and timing
 from host_profile import bare
 
-from common import RESULTS, device_info, grouped_bars, pdl_off, write_results
+from common import RESULTS, device_info, bar_figure, pdl_off, write_results
 
 from gdn_trt.plugins.causal_conv1d import triton as conv_tri
 from gdn_trt.plugins.gated_delta_rule import triton as gdn_tri
@@ -76,20 +76,11 @@ def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib.pyplot as plt
-
     names = list(dict.fromkeys(r["variant"] for r in rows))
     base = "off" if "off" in names else names[0]
     off = {r["n"]: r["replay_us"] for r in rows if r["variant"] == base}
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    grouped_bars(ax, rows, names, lambda r: r["replay_us"] / off[r["n"]])
-    ax.set_ylabel(f"step replay time / {base}")
-    ax.set_ylim(0.8, 1.15)
-    ax.axhline(1.0, color="k", lw=0.6)
-    ax.legend(fontsize=7, ncol=4)
-    ax.set_title("decode step, 4 Qwen3-Next GDN layers: programmatic dependent launch per kernel family")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    bar_figure(path, rows, names, lambda r: r["replay_us"] / off[r["n"]], f"step replay time / {base}", (0.8, 1.15),
+                 "decode step, 4 Qwen3-Next GDN layers: programmatic dependent launch per kernel family")
 
 
 def main() -> None:

@@ -566,10 +566,10 @@ def main() -> None:
     else:
         meta = device_info()
     if args.cases:
-        unknown = set(args.cases.split(",")) - set(CASES)
-        if unknown:
-            ap.error(f"unknown cases {sorted(unknown)}; the cases are {list(CASES)}")
-        CASES = {c: v for c, v in CASES.items() if c in args.cases.split(",")}
+        want = set(args.cases.split(","))
+        if want - set(CASES):
+            ap.error(f"unknown cases {sorted(want - set(CASES))}; the cases are {list(CASES)}")
+        CASES = {c: v for c, v in CASES.items() if c in want}
     cfgs = configs(args.smoke)
     meta.update({"activations": "bfloat16", "state": "float32", "steps": args.steps,
                  "configs": {k: c.name for k, c in cfgs.items()},

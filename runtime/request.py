@@ -208,9 +208,7 @@ def _repeat(parts: StepParts, seqs: object) -> StepSpec | None:
     hit = parts.last.get("decode")
     if hit is None or hit[1] != parts.seqs.version or hit[3] != parts.selector.generation:
         return None
-    if type(seqs) is not np.ndarray or seqs.dtype is not _INT64 or seqs.ndim != 1 or seqs.tobytes() != hit[2]:
-        return None  # (another int64 dtype object than numpy's own, e.g. big-endian, takes the whole check)
-    return hit[0]
+    return hit[0] if _same_ids(seqs, hit[2]) else None
 
 
 def _again(parts: StepParts, seqs: object, lengths: object) -> StepSpec | None:
@@ -222,11 +220,16 @@ def _again(parts: StepParts, seqs: object, lengths: object) -> StepSpec | None:
     if (loop is None or loop.stage != "ready" or loop.version != parts.seqs.version
             or loop.generation != parts.selector.generation):
         return None
-    for a, want in ((seqs, loop.seqs), (lengths, loop.lengths)):
-        if type(a) is not np.ndarray or a.dtype is not _INT64 or a.ndim != 1 or a.tobytes() != want:
-            return None
+    if not (_same_ids(seqs, loop.seqs) and _same_ids(lengths, loop.lengths)):
+        return None
     loop.stage = "checked"
     return loop.spec
+
+
+def _same_ids(a: object, want: bytes) -> bool:
+    """Whether `a` is a 1-D numpy int64 array of the bytes `want` (another int64 dtype object than numpy's own, e.g.
+    big-endian, takes the whole check)."""
+    return type(a) is np.ndarray and a.dtype is _INT64 and a.ndim == 1 and a.tobytes() == want
 
 
 _RULES = (  # per kind code: the token counts it takes, and how a bad one is refused

@@ -184,9 +184,8 @@ class Selector:
                 else:
                     vetoes = tuple(self._veto(e, mode, b, unfit) for e in chosen)
                     g = Group(kind, mode, n, tokens, tuple(chosen), b, rows, vetoes)
-                    self.say(f"{kind.value} x{n}: {mode.value} on {'/'.join(sorted({e.name for e in chosen}))}, "
-                             f"{g.path}{f' (bucket {b}' if b else ''}{f', {rows} rows' if b and rows != b else ''}"
-                             f"{')' if b else ''}"
+                    where = f" (bucket {b}{f', {rows} rows' if rows != b else ''})" if b else ""
+                    self.say(f"{kind.value} x{n}: {mode.value} on {g.engine_names}, {g.path}{where}"
                              f"{f'; {g.veto}' if g.veto else ''}")
                     return g
         raise NoEngineError(f"no engine covers a {kind.value} step of {n} sequences and {tokens} tokens: "

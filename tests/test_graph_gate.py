@@ -11,11 +11,10 @@ import torch
 
 from gdn_trt.export.tolerances import tol
 from gdn_trt.runtime import graphs
-from gdn_trt.runtime.select import GraphPolicy
 from gdn_trt.runtime.seqs import Prompt
 from gdn_trt.runtime.stack import Packed, Stack, StepContext
 
-from .test_runtime_support import LIMITS, PLAIN, fingerprint, inputs, open_session
+from .test_runtime_support import PLAIN, fingerprint, inputs, open_session, pad_to_buckets
 from .tolerances import assert_close
 
 TOL = tol(torch.float32)
@@ -36,8 +35,7 @@ class _Replay:
 def _stand_in(sess, fault=None) -> list:
     """Give `sess` a verify bucket policy, lift its CPU engines' capture veto and build its graph entries from
     `_Replay`; returns the entries built."""
-    sess.selector.policy = GraphPolicy(True, (1, 3, 6), True, LIMITS.max_draft)
-    sess.selector._memo.clear()
+    pad_to_buckets(sess)
     for e in (e for c in sess.selector.engines for e in c):
         e.capture_veto = lambda mode: None
     gc, cfg, built = sess.graphs, sess.cfg, []

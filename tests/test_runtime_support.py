@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from gdn_trt.runtime.budget import RuntimeLimits
+from gdn_trt.runtime.select import GraphPolicy
 from gdn_trt.runtime.session import Session, SessionOptions
 
 PLAIN, HC_PLE = "tiny-3.5", "tiny-4exp"
@@ -17,6 +18,14 @@ LIMITS = RuntimeLimits(max_seqs=6, max_prefill_tokens=96, max_draft=4, ple_cache
 
 def open_session(name: str, limits: RuntimeLimits = LIMITS, **kw) -> Session:
     return Session.open(name, backend="torch", device="cpu", options=SessionOptions(limits=limits, **kw))
+
+
+def pad_to_buckets(sess: Session) -> Session:
+    """Give `sess` CUDA-graph buckets 1, 3 and 6 for decode and verify groups (verify at max_draft rows a sequence):
+    on the CPU, whose engines veto capture, its layers then run eagerly on the padded rows."""
+    sess.selector.policy = GraphPolicy(True, (1, 3, 6), True, sess.limits.max_draft)
+    sess.selector._memo.clear()
+    return sess
 
 
 def inputs(sess: Session, n: int, seed: int) -> tuple[torch.Tensor, np.ndarray | None]:

@@ -21,12 +21,11 @@ from gdn_trt.model.modes import StepKind
 from gdn_trt.model.norms import rms_norm_1p
 from gdn_trt.model.peft import SyntheticAdapter, load_adapter, make_synthetic_adapter
 from gdn_trt.runtime.budget import RuntimeLimits
-from gdn_trt.runtime.select import GraphPolicy
 from gdn_trt.runtime.seqs import Prompt, SequenceError
 from gdn_trt.runtime.session import Session, SessionOptions
 from gdn_trt.runtime.steps import StepError
 
-from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session
+from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session, pad_to_buckets
 from .tolerances import assert_close
 
 TOL = tol(torch.float32)
@@ -47,8 +46,7 @@ def _twins(name: str, limits: RuntimeLimits, tmp_path, pad: bool):
                 s.register_adapter(f"ad{k}", load_adapter(d, s.cfg, f"ad{k}"))
         out.append(s)
     if pad:  # decode and verify groups get a bucket; the CPU engines veto capture: the layers run eagerly, padded
-        out[1].selector.policy = GraphPolicy(True, (1, 3, 6), True, limits.max_draft)
-        out[1].selector._memo.clear()
+        pad_to_buckets(out[1])
     return out
 
 

@@ -13,23 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from gdn_trt.runtime.select import GraphPolicy
 from gdn_trt.runtime.seqs import SequenceError
 from gdn_trt.runtime.steps import StepError
 
-from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session
+from .test_runtime_support import HC_PLE, LIMITS, PLAIN, fingerprint, inputs, open_session, pad_to_buckets
 
 K = LIMITS.max_draft
 
 
 def _pair(name: str, pad: bool):
     """Two sessions of the same weights; `pad`: verify groups padded to buckets (eager on the CPU's engines)."""
-    out = [open_session(name) for _ in range(2)]
-    if pad:
-        for s in out:
-            s.selector.policy = GraphPolicy(True, (1, 3, 6), True, K)
-            s.selector._memo.clear()
-    return out
+    return [pad_to_buckets(open_session(name)) if pad else open_session(name) for _ in range(2)]
 
 
 def _verify(s, seqs, lengths, x):
