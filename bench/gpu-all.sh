@@ -115,13 +115,13 @@ for s in $stages; do
     # the step's launch structure with streaming kernels beside the step itself (bench/chain_floor.py)
     chain)   mkdir -p "$OUT/c"; timeout 300 python bench/chain_floor.py --n 8,64,256 --out "$OUT/c" \
                > "$OUT/chain.log" 2>&1; grep "^N=" "$OUT/chain.log" ;;
-    # verify steps from CUDA graphs (SessionOptions.verify_graphs): their GPU tests, then the verify row of
-    # bench/runtime.py with the graph (vgraph) beside the eager one (ours) and Hugging Face's
+    # verify steps from CUDA graphs (SessionOptions.verify_graphs, on): their GPU tests, then the verify row of
+    # bench/runtime.py with the graph (ours) beside the eager one (veager) and Hugging Face's
     verify)  timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider tests/test_graphs.py \
                tests/test_step_context.py tests/test_hf_hybrid.py > "$OUT/tests-verify.log" 2>&1
              grep -E "FAILED|ERROR" "$OUT/tests-verify.log" | head -20; tail -3 "$OUT/tests-verify.log"
-             mkdir -p "$OUT/v"; timeout 200 python bench/runtime.py --only ours,vgraph,hf --cases "verify 64x4" \
-               --deadline 150 --out "$OUT/v" >> "$OUT/bench.log" 2>&1; grep "^- verify\|^| ours\|^| vgraph" "$OUT/v"/*.md ;;
+             mkdir -p "$OUT/v"; timeout 200 python bench/runtime.py --only ours,veager,hf --cases "verify 64x4" \
+               --deadline 150 --out "$OUT/v" >> "$OUT/bench.log" 2>&1; grep "^- verify\|^| ours\|^| veager" "$OUT/v"/*.md ;;
     *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain verify)"
        exit 2 ;;
   esac

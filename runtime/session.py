@@ -126,8 +126,9 @@ class SessionOptions:
         limits: buffer sizes (max_seqs, max_prefill_tokens, max_draft, graph buckets, PLE cache rows).
         dtype: activation dtype; None = fp32 on the CPU, the config's dtype on CUDA.
         graphs: capture decode steps as CUDA graphs where no layer vetoes (CUDA only).
-        verify_graphs: capture verify steps too (with `graphs`), each padded to a bucket of sequences with max_draft
-            token rows a sequence (`select.GraphPolicy`): a graph per bucket, whose activations the budget counts.
+        verify_graphs: capture verify steps too, each padded to a bucket of sequences with max_draft token rows a
+            sequence (`select.GraphPolicy`): a graph per bucket, whose activations the budget counts. None (the
+            default) follows `graphs`; True needs `graphs`.
         ple_hoisted: PLE rows are staged when a step opens either way; False makes PLE layers veto the runtime's
             decode capture (graph segments around them: the layout before the step context, kept to compare).
         memory_budget: bytes the memory budget must fit; None = the device's free memory.
@@ -139,7 +140,7 @@ class SessionOptions:
     limits: RuntimeLimits = field(default_factory=RuntimeLimits)
     dtype: torch.dtype | None = None
     graphs: bool = True
-    verify_graphs: bool = False
+    verify_graphs: bool | None = None
     ple_hoisted: bool = True
     memory_budget: int | None = None
     seed: int = 0
@@ -148,6 +149,8 @@ class SessionOptions:
     def __post_init__(self) -> None:
         if self.verify_graphs and not self.graphs:
             raise ValueError("verify_graphs=True needs graphs=True: verify steps are captured beside decode steps")
+        if self.verify_graphs is None:  # frozen: set through object.__setattr__, as dataclasses' own init does
+            object.__setattr__(self, "verify_graphs", self.graphs)
 
 
 @dataclass

@@ -190,9 +190,11 @@ def test_padding_slot_minus_one_writes_nothing(sess):
 
 def test_verify_graphs_need_graphs():
     """Verify graphs are captured beside decode graphs: asking for them with graphs off is refused when the options
-    are made, naming both."""
+    are made, naming both; left out, they follow `graphs` (on by default since the H100 measured them)."""
     from gdn_trt.runtime.session import SessionOptions
 
     with pytest.raises(ValueError, match="verify_graphs=True needs graphs=True"):
         SessionOptions(graphs=False, verify_graphs=True)
     assert SessionOptions(verify_graphs=True).graphs
+    assert SessionOptions().verify_graphs is True and SessionOptions(graphs=False).verify_graphs is False
+    assert SessionOptions(verify_graphs=False).verify_graphs is False
