@@ -16,6 +16,15 @@ bench/runtime.py's stack (4 Qwen3-Next GDN layers, bf16 activations, fp32 state;
 - `ours`: the step itself, its CUDA graphs replayed back to back (bench/runtime.py's `static` stack, `replay_us`).
 A chain is timed as back-to-back steps captured in one CUDA graph (`common.time_cuda`). `over_floor` is the row's
 time over `floor`; `excess_us` its time less the floor. Writes `<out>/<date>-chain-floor.{json,md,png}`.
+
+Then, per N, where the step loses its time against `6 a layer` (`<out>/<date>-chain-trace.{json,md}`): one step of
+each under torch.profiler (`step_trace.trace`), every kernel credited with how far it moves the step on (its start
+to the next kernel's start; the last, to the step's end: the credits sum to the step's span), summed per kernel of
+the layer over the layers. The step's kernels are told apart by name: a layer starts at `norm_kernel`; its GEMMs
+are the launches between the norm and the conv update (in_proj) and the first launch after the gated norm
+(out_proj); launches before the first layer are `head`, any other launch is `other` (the last layer's residual add).
+On the H100 (2026-12-05) the step's 111 us over the floor at N = 64 were 54 us of the six-launch structure itself
+(`6 a layer` over `floor`) and 57 us of the step's kernels against streaming ones: this table splits the 57.
 """
 
 from __future__ import annotations
@@ -89,23 +98,77 @@ class Chain:
                 raise AssertionError(f"a stream launch of {rd} / {wr} values wrote something else")
 
 
-def ours_replay_us(n: int) -> float:
-    """bench/runtime.py's static step at n sequences: its graphs replayed back to back."""
+ROLES = ("head", *KERNELS, "other")
+
+
+def credits(evs: list[tuple[int, int, str]]) -> list[float]:
+    """How far each kernel of one step (start-ordered (start ns, end ns, name)) moves the step on, us: from its
+    start to the next kernel's start, the last one's to the step's end. They sum to the step's span."""
+    starts = [a for a, _, _ in evs] + [max(b for _, b, _ in evs)]
+    return [(b - a) / 1e3 for a, b in zip(starts, starts[1:])]
+
+
+def roles_of(names: list[str]) -> list[str]:
+    """The layer kernel (`KERNELS`) each launch of a step stands for, by name (the module docstring)."""
+    out, at = [], "head"
+    for name in names:
+        if name == "norm_kernel":
+            at = "norm"
+        elif "conv" in name:
+            at = "conv"
+        elif "gdn" in name:
+            at = "gdn"
+        elif name == "gated_norm_kernel":
+            at = "gated_norm"
+        elif at == "head":  # before the first layer's norm
+            pass
+        elif at in ("norm", "in_proj"):
+            at = "in_proj"
+        elif at == "gated_norm":
+            at = "out_proj"
+        else:
+            at = "other"
+        out.append(at)
+    return out
+
+
+def split(n: int, ours: list[tuple[int, int, str]], stream: list[tuple[int, int, str]]) -> list[dict]:
+    """Per layer kernel, the step's and the streaming chain's credits (summed over the layers) and their
+    difference; the stream chain's launches are its layers' six kernels in order."""
+    mine, twin = dict.fromkeys(ROLES, 0.0), dict.fromkeys(ROLES, 0.0)
+    for role, c in zip(roles_of([name for _, _, name in ours]), credits(ours)):
+        mine[role] += c
+    for k, c in enumerate(credits(stream)):
+        twin[KERNELS[k % len(KERNELS)]] += c
+    rows = [{"n": n, "kernel": r, "ours_us": round(mine[r], 2), "stream_us": round(twin[r], 2),
+             "diff_us": round(mine[r] - twin[r], 2)} for r in ROLES if mine[r] or twin[r]]
+    rows.append({"n": n, "kernel": "step (span)", "ours_us": round(sum(mine.values()), 2),
+                 "stream_us": round(sum(twin.values()), 2),
+                 "diff_us": round(sum(mine.values()) - sum(twin.values()), 2)})
+    return rows
+
+
+def ours_step(n: int, stream: "Chain | None") -> tuple[float, list[dict]]:
+    """bench/runtime.py's static step at n sequences: its graphs replayed back to back (us), and, beside the
+    `6 a layer` chain `stream` (None: not traced), the per-kernel split of one step of each (`split`)."""
     import runtime as rb
+    import step_trace
 
     o = rb.Ours(rb.configs()["static"])
     fn = o.step_fn("decode", [1] * n, "static")
     fn()  # captures and gates the bucket's graphs
     us = rb.replay_us(o.sess.graphs.replayable(n))
+    rows = [] if stream is None else split(n, step_trace.trace(fn), step_trace.trace(lambda: stream(True)))
     del o
     torch.cuda.empty_cache()
-    return us
+    return us, rows
 
 
-def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> list[dict]:
+def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> tuple[list[dict], list[dict]]:
+    """(the chains' rows, the per-kernel split's rows)"""
     device = "cpu" if smoke else "cuda"
     bw = None if smoke else copy_bandwidth()["best"]
-    rows = []
+    rows, splits = [], []
     for n in ns:
         w, s = weight_bytes(cfg, "bfloat16"), 2 * n * slot_bytes(cfg, "bfloat16")
         floor = None if bw is None else (w + s) / bw * 1e6
@@ -123,11 +186,20 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> list[dict]:
             us = None if smoke else time_cuda(lambda i: chain(on), target_s=20e-3, reps=15).median_s * 1e6
             rows.append(row(v, launches, us))
             print(f"N={n:4d} {v:20s} {launches:3d} launches  {us if us is None else round(us, 1)} us", flush=True)
-            del chain
+            if v != "6 a layer" or smoke:
+                del chain
+            else:
+                six = chain  # traced beside the step
         if not smoke:
-            rows.append(row("ours", None, ours_replay_us(n)))
-            print(f"N={n:4d} ours: {rows[-1]['us']:.1f} us, floor {floor:.1f} us", flush=True)
-    return rows
+            us, part = ours_step(n, six)
+            del six
+            rows.append(row("ours", None, us))
+            splits += part
+            print(f"N={n:4d} ours: {us:.1f} us, floor {floor:.1f} us", flush=True)
+            for r in part:
+                print(f"N={n:4d}   {r['kernel']:12s} ours {r['ours_us']:7.1f}  stream {r['stream_us']:7.1f}  "
+                      f"diff {r['diff_us']:6.1f} us", flush=True)
+    return rows, splits
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -147,10 +219,13 @@ def main() -> None:
     import runtime as rb
 
     cfg = rb.configs(args.smoke)["static"]
-    rows = measure(cfg, [int(v) for v in args.n.split(",")], args.smoke)
+    rows, splits = measure(cfg, [int(v) for v in args.n.split(",")], args.smoke)
     meta = {"device": "cpu (smoke: no timing)"} if args.smoke else device_info()
     paths = write_results("chain-floor", rows, meta, ["n", "variant", "launches", "us", "over_floor", "excess_us"],
                           None if args.smoke else plot, args.out)
+    if splits:
+        paths += write_results("chain-trace", splits, meta, ["n", "kernel", "ours_us", "stream_us", "diff_us"],
+                               out_dir=args.out)
     print("wrote", *paths, flush=True)
 
 

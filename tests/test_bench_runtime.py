@@ -128,6 +128,29 @@ def test_host_profile_eager_phases_smoke(runtime_bench):
         sys.modules.pop("host_profile", None)
 
 
+def test_chain_floor_splits_a_step_by_layer_kernel(runtime_bench):
+    """The per-kernel split of `bench/chain_floor.py`: each launch is credited from its start to the next one's
+    (the last to the step's end), launches are told apart by name (cuBLAS's in_proj between the norm and the conv,
+    a split GEMM's second launch and the final add as `other`), and the stream chain's by position."""
+    sys.modules.pop("chain_floor", None)
+    import chain_floor
+
+    us = 1000  # events in ns
+    layer = ["norm_kernel", "nvjet_tst_gemm", "conv_update_kernel", "gdn_recurrent_kernel", "gated_norm_kernel",
+             "gemm_kernel"]
+    names = ["graph_io_kernel"] + layer + layer[:5] + ["gemm_kernel", "splitk_reduce", "elementwise_add"]
+    starts = [0, 2, 5, 9, 10, 30, 33, 40, 42, 46, 47, 67, 70, 76, 78]
+    ours = [(a * us, (a + 3) * us, name) for a, name in zip(starts, names)]  # the last ends at 81
+    assert chain_floor.credits(ours) == [2, 3, 4, 1, 20, 3, 7, 2, 4, 1, 20, 3, 6, 2, 3]
+    stream = [(k * 10 * us, (k * 10 + 12) * us, "stream_kernel") for k in range(12)]  # ends at 122
+    rows = {r["kernel"]: r for r in chain_floor.split(64, ours, stream)}
+    assert {k: (r["ours_us"], r["stream_us"], r["diff_us"]) for k, r in rows.items()} == {
+        "head": (2, 0, 2), "norm": (3 + 2, 20, -15), "in_proj": (4 + 4, 20, -12), "conv": (1 + 1, 20, -18),
+        "gdn": (20 + 20, 20, 20), "gated_norm": (3 + 3, 20, -14), "out_proj": (7 + 6, 22, -9),
+        "other": (2 + 3, 0, 5), "step (span)": (81, 122, -41)}
+    assert all(r["n"] == 64 for r in rows.values())
+
+
 def test_chain_floor_moves_the_steps_bytes(runtime_bench, tmp_path):
     """`bench/chain_floor.py` (the step's launch structure with streaming kernels): its layers read the stack's
     weights exactly (bench/runtime.py's floor counts the same bytes), every chain moves the same bytes in its
