@@ -23,8 +23,9 @@ to the next kernel's start; the last, to the step's end: the credits sum to the 
 the layer over the layers. The step's kernels are told apart by name: a layer starts at `norm_kernel`; its GEMMs
 are the launches between the norm and the conv update (in_proj) and the first launch after the gated norm
 (out_proj); launches before the first layer are `head`, any other launch is `other` (the last layer's residual add).
-On the H100 (2026-12-05) the step's 111 us over the floor at N = 64 were 54 us of the six-launch structure itself
-(`6 a layer` over `floor`) and 57 us of the step's kernels against streaming ones: this table splits the 57.
+On the H200 (2026-12-05, bench/results/2026-12-05-chain-{floor,trace}-h200.md) at N = 64: floor 320 us, one
+streaming launch 357 (1.12x), six a layer 387 (1.21x), the step 432 (1.35x); of the step's 37 us over the traced
+chain, in_proj (cuBLAS) 25 us and the input norm 10.
 """
 
 from __future__ import annotations
@@ -158,7 +159,12 @@ def ours_step(n: int, stream: "Chain | None") -> tuple[float, list[dict]]:
     fn = o.step_fn("decode", [1] * n, "static")
     fn()  # captures and gates the bucket's graphs
     us = rb.replay_us(o.sess.graphs.replayable(n))
-    rows = [] if stream is None else split(n, step_trace.trace(fn), step_trace.trace(lambda: stream(True)))
+    rows = []
+    if stream is not None:  # the chain from a graph, as it is timed: its eager launches are host-bound at N = 8
+        g = torch.cuda.CUDAGraph()  # (traced eagerly, its span was 492 us against 134 replayed, H200 2026-12-05)
+        with torch.cuda.graph(g):
+            stream(True)
+        rows = split(n, step_trace.trace(fn), step_trace.trace(g.replay))
     del o
     torch.cuda.empty_cache()
     return us, rows
