@@ -255,7 +255,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         rb.DEV = "cpu"
-    o = rb.Ours(rb.configs(args.smoke)["ours"])
+    o = rb.Ours(rb.configs(args.smoke)["ours"], False if args.eager else None)  # --eager: verify without graphs
     if args.eager:
         for case in args.eager.split(","):
             eager(o, case.strip(), args.steps, args.top)
