@@ -66,8 +66,8 @@ def register_budget(subparsers: argparse._SubParsersAction) -> None:
                    help="PLE host cache rows per PLE layer")
     p.add_argument("--dtype", choices=ACTIVATION_DTYPES, help="activation dtype (default: the config's)")
     p.add_argument("--no-graphs", action="store_true", help="budget without CUDA-graph buckets")
-    p.add_argument("--verify-graphs", action="store_true",
-                   help="with the verify steps' CUDA graphs too (SessionOptions.verify_graphs)")
+    p.add_argument("--verify-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="with the verify steps' CUDA graphs (SessionOptions.verify_graphs; default: as the graphs)")
     p.add_argument("--lora-slots", type=cliargs.count, default=0, help="per-sequence LoRA adapter slots (0 = none)")
     p.add_argument("--lora-rank", type=cliargs.positive_int, default=LoraLimits.max_rank, help="rank of every slot")
     p.add_argument("--tp", type=cliargs.positive_int, default=1,
@@ -85,9 +85,14 @@ def _budget(args: argparse.Namespace) -> int:
         cfg = GdnConfig.from_hf(os.path.join(args.checkpoint, "config.json"), name=os.path.basename(args.checkpoint))
     lora = LoraLimits(args.lora_slots, args.lora_rank) if args.lora_slots else None
     limits = RuntimeLimits(args.max_seqs, args.max_prefill_tokens, args.max_draft, (), args.ple_cache_rows, lora)
+    if args.verify_graphs and args.no_graphs:
+        print("gdn-trt budget: --verify-graphs needs the graphs (drop --no-graphs): verify steps are captured beside "
+              "decode steps", file=sys.stderr)
+        return 2
+    verify = not args.no_graphs if args.verify_graphs is None else args.verify_graphs
     try:
         need = budget(cfg, limits, args.dtype or cfg.dtype, graphs=not args.no_graphs, tp=args.tp,
-                      verify_graphs=args.verify_graphs)
+                      verify_graphs=verify)
     except TpError as e:
         print(f"gdn-trt budget: {e}", file=sys.stderr)
         return 2

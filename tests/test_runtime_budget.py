@@ -111,11 +111,16 @@ def test_parse_bytes():
 def test_budget_command(command, capsys):
     assert cli.main([command, "--preset", "qwen4-exp", "--max-seqs", "32", "--device-memory", "141GiB"]) == 0
     out = capsys.readouterr().out
-    for item in ("state pools (32 slots)", "verify stash (128 tokens)", "PLE staging", "decode graphs", "fits in"):
+    for item in ("state pools (32 slots)", "verify stash (128 tokens)", "PLE staging", "decode graphs", "fits in",
+                 "verify graphs (buckets x 4 drafts)"):  # verify graphs follow the graphs, as SessionOptions' do
         assert item in out
-    assert "verify graphs" not in out
+    for flags in (["--no-verify-graphs"], ["--no-graphs"]):
+        assert cli.main([command, "--preset", "qwen4-exp", "--max-seqs", "32", *flags]) == 0
+        assert "verify graphs" not in capsys.readouterr().out
     assert cli.main([command, "--preset", "qwen4-exp", "--max-seqs", "32", "--verify-graphs"]) == 0
     assert "verify graphs (buckets x 4 drafts)" in capsys.readouterr().out
+    assert cli.main([command, "--preset", "qwen4-exp", "--no-graphs", "--verify-graphs"]) == 2
+    assert "--verify-graphs needs the graphs" in capsys.readouterr().err
     assert cli.main([command, "--preset", "qwen3-next-80b-a3b", "--max-seqs", "1024", "--device-memory", "80GiB"]) == 1
     assert "lower max_seqs" in capsys.readouterr().out
 
