@@ -273,16 +273,19 @@ def gemm_kernel(
                     b_w = tl.load(p_w, mask=m_n[:, None], other=0.0)
                 else:
                     b_w = tl.load(p_w)
-                m_xk = m_m[None, :]
+                b_x = tl.load(p_x, mask=m_m[None, :], other=0.0)
             else:
                 m_k = k0 - k_lo + o_k < K
                 if SPREAD:
                     b_w = tl.load(p_w, mask=m_k[None, :] & m_n[:, None], other=0.0)
                 else:
                     b_w = tl.load(p_w, mask=m_k[None, :], other=0.0)
-                m_xk = m_m[None, :] & m_k[:, None]
-            b_x = tl.load(p_x, mask=m_xk, other=0.0)
+                b_x = tl.load(p_x, mask=m_m[None, :] & m_k[:, None], other=0.0)
             if NORM:  # the norm kernel's operations in its order: r rounded to dt, then fp32
+                if EVEN_K:
+                    m_xk = m_m[None, :]
+                else:
+                    m_xk = m_m[None, :] & (k0 - k_lo + o_k < K)[:, None]
                 b_r = (b_x.to(tl.float32) + tl.load(p_d, mask=m_xk, other=0.0).to(tl.float32)).to(dt)
                 if i_n == 0:
                     tl.store(p_r, b_r, mask=m_xk)
