@@ -54,7 +54,7 @@ BIG = C(128, 64, 64, 4, 4)
 # out_proj at M = 64 with BN = 64: split 4 (128 programs) 9.63 us, split 8 (256) 13.6 us; in_proj at M = 64 with
 # BN = 64: split 1 (193) 18.7 us, split 2 (386) 24.1 us.
 _WIDE = [(32, 128, 6, 4, 1), (32, 256, 4, 4, 1), (64, 128, 4, 4, 1), (64, 64, 4, 4, 1), (256, 64, 4, 8, 2),
-         (128, 64, 4, 4, 1), (128, 64, 4, 8, 1), (128, 128, 3, 8, 1)]
+         (128, 64, 4, 4, 1), (128, 64, 4, 8, 1), (128, 128, 3, 8, 1), (64, 64, 8, 4, 1), (64, 128, 6, 8, 1)]
 # row ranges (gemm.Config.spread): (BN at least, BK, stages, warps, split, spread); in_proj's 12352 rows over 132 /
 # 264 / 396 programs are ranges of 94 / 47 / 32 rows in blocks of 128 / 64 / 32
 _WIDE_SPREAD = [(16, 64, 4, 4, 1, 1), (16, 64, 4, 8, 1, 1), (16, 128, 3, 8, 1, 1), (16, 64, 5, 4, 1, 1),
@@ -63,7 +63,11 @@ _NARROW = [(16, 512, 3, 4, 1), (32, 256, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256,
            (128, 64, 4, 4, 8), (128, 128, 3, 8, 8)]
 # the same tilings with TMA tiles (gemm.Config.tma: BK <= 64 for bf16), first timed in the sweep that follows the
 # sitting which wrote them (no device then)
-_WIDE_TMA = [(64, 64, 4, 4, 1), (64, 64, 6, 4, 1), (128, 64, 4, 4, 1), (128, 64, 4, 8, 1), (32, 64, 8, 4, 1)]
+_WIDE_TMA = [(64, 64, 4, 4, 1), (64, 64, 6, 4, 1), (128, 64, 4, 4, 1), (128, 64, 4, 8, 1), (32, 64, 8, 4, 1),
+             # deeper pipelines of the 64 x 64 tile, which led at M = 64 with 6 stages (15.7 against cuBLAS's 16.9 us,
+             # 3.3 TB/s): in the N = 64 step in_proj streams at 2.7 TB/s where a copy of its bytes takes 4.0
+             # (bench/results/2026-12-05-chain-trace-h200.md); more bytes in flight a program is the untried lever
+             (64, 64, 8, 4, 1), (64, 64, 8, 8, 1), (64, 64, 10, 4, 1)]
 _NARROW_TMA = [(64, 64, 4, 4, 4), (64, 64, 6, 4, 4), (32, 64, 6, 4, 2), (128, 64, 4, 8, 8)]
 # the FMA form (BM = M <= 4): BN = 8 or 16 weight rows per program (out_proj: 256 or 128 N-tiles, no room to split)
 _FMA_WIDE = [(8, 1024, 1), (16, 512, 1)]
