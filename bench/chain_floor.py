@@ -160,9 +160,11 @@ def split(n: int, ours: list[tuple[int, int, str]], stream: list[tuple[int, int,
     return rows
 
 
-def ours_step(n: int, stream: "Chain | None") -> tuple[float, list[dict]]:
-    """bench/runtime.py's static step at n sequences: its graphs replayed back to back (us), and, beside the
-    `6 a layer` chain `stream` (None: not traced), the per-kernel split of one step of each (`split`)."""
+def ours_step(cfg: GdnConfig, n: int) -> tuple[float, list[dict]]:
+    """bench/runtime.py's static step at n sequences: its graphs replayed back to back (us), and the per-kernel split
+    of one step of it beside one of the `6 a layer` chain (`split`; the chain from a CUDA graph, as it is timed: its
+    eager launches are host-bound at N = 8, where a span of 492 us traced eagerly took 134 replayed, H200
+    2026-12-05)."""
     import runtime as rb
     import step_trace
 
@@ -170,13 +172,16 @@ def ours_step(n: int, stream: "Chain | None") -> tuple[float, list[dict]]:
     fn = o.step_fn("decode", [1] * n, "static")
     fn()  # captures and gates the bucket's graphs
     us = rb.replay_us(o.sess.graphs.replayable(n))
-    rows = []
-    if stream is not None:  # the chain from a graph, as it is timed: its eager launches are host-bound at N = 8
-        g = torch.cuda.CUDAGraph()  # (traced eagerly, its span was 492 us against 134 replayed, H200 2026-12-05)
-        with torch.cuda.graph(g):
-            stream(True)
-        rows = split(n, step_trace.trace(fn), step_trace.trace(g.replay))
-    del o
+    ours = step_trace.trace(fn)
+    del o, fn
+    torch.cuda.empty_cache()
+    chain, g = Chain(launch_sizes(cfg, n, CHAINS["6 a layer"]), "cuda"), torch.cuda.CUDAGraph()
+    on = torch.cuda.get_device_capability()[0] >= 9  # with PDL, as timed
+    chain(on)  # compiled before the capture (the timing pass ran it too)
+    with torch.cuda.graph(g):
+        chain(on)
+    rows = split(n, ours, step_trace.trace(g.replay))
+    del chain, g
     torch.cuda.empty_cache()
     return us, rows
 
@@ -203,13 +208,9 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> tuple[list[dict], lis
             us = None if smoke else time_cuda(lambda i: chain(on), target_s=20e-3, reps=15).median_s * 1e6
             rows.append(row(v, launches, us))
             print(f"N={n:4d} {v:20s} {launches:3d} launches  {us if us is None else round(us, 1)} us", flush=True)
-            if v != "6 a layer" or smoke:
-                del chain
-            else:
-                six = chain  # traced beside the step
+            del chain
         if not smoke:
-            us, part = ours_step(n, six)
-            del six
+            us, part = ours_step(cfg, n)
             rows.append(row("ours", None, us))
             splits += part
             print(f"N={n:4d} ours: {us:.1f} us, floor {floor:.1f} us", flush=True)

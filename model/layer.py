@@ -367,15 +367,15 @@ class GdnLayer(nn.Module):
         T, H, HV = h.shape[0], cfg.linear_num_key_heads, cfg.linear_num_value_heads
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         conv = ConvParams(m.conv, 1, Activation.SILU)
+        conv_done = not projected and fused and io.conv_in_gemm(h, m.in_proj, bool(self._by_proj[Proj.IN_PROJ]))
         if projected:
-            qkv, z, b, a = h.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
-            qkv = io.conv("conv", qkv, conv)
-        elif fused and io.conv_in_gemm(h, m.in_proj, bool(self._by_proj[Proj.IN_PROJ])):
+            proj = h
+        elif conv_done:
             proj = io.linear_conv(h, m.in_proj, conv)
-            qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
         else:
             proj = io.adapt(_linear(h, m.in_proj, fused), h, self._by_proj[Proj.IN_PROJ])
-            qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
+        qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
+        if not conv_done:
             qkv = io.conv("conv", qkv, conv)
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)
