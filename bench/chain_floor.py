@@ -20,10 +20,10 @@ time over `floor`; `excess_us` its time less the floor. Writes `<out>/<date>-cha
 Then, per N, where the step loses its time against `6 a layer` (`<out>/<date>-chain-trace.{json,md}`): one step of
 each under torch.profiler (`step_trace.trace`), every kernel credited with how far it moves the step on (its start
 to the next kernel's start; the last, to the step's end: the credits sum to the step's span), summed per kernel of
-the layer over the layers. The step's kernels are told apart by name (`roles_of`): a layer starts at `norm_kernel`
-(or, with the norm in in_proj's K loop, at its in_proj); its GEMMs are the launches between the norm and the conv
-update (in_proj) and the first launch after the gated norm (out_proj); launches before the first layer are `head`,
-any other launch is `other` (the last layer's residual add).
+the layer over the layers. The step's kernels are told apart by name (`roles_of`): a layer starts at
+`norm_kernel`; its GEMMs are the launches between the norm and the conv update (in_proj) and the first launch after
+the gated norm (out_proj); launches before the first layer are `head`, any other launch is `other` (the last layer's
+residual add).
 On the H200 (2026-12-05, bench/results/2026-12-05-chain-{floor,trace}-h200.md) at N = 64: floor 320 us, one
 streaming launch 357 (1.12x), six a layer 387 (1.21x), the step 432 (1.35x); of the step's 37 us over the traced
 chain, in_proj (cuBLAS) 25 us and the input norm 10.
@@ -114,9 +114,7 @@ GEMMS = ("gemm", "nvjet", "xmma", "cutlass")  # our skinny GEMM's and cuBLAS's k
 
 
 def roles_of(names: list[str]) -> list[str]:
-    """The layer kernel (`KERNELS`) each launch of a step stands for, by name (the module docstring). A GEMM where a
-    layer's norm would start (after the graph io or the last layer's out_proj) is that layer's in_proj with the norm
-    in its K loop (GDN_TRT_NORM_IN_GEMM=1: no norm kernel)."""
+    """The layer kernel (`KERNELS`) each launch of a step stands for, by name (the module docstring)."""
     out, at = [], "head"
     for name in names:
         gemm = any(g in name for g in GEMMS)
@@ -130,8 +128,6 @@ def roles_of(names: list[str]) -> list[str]:
             at = "gated_norm"
         elif gemm and at == "gated_norm":
             at = "out_proj"
-        elif gemm and at in ("head", "norm", "out_proj", "other"):
-            at = "in_proj"
         elif at == "head":  # before the first layer's norm
             pass
         elif at in ("norm", "in_proj"):

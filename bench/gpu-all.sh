@@ -2,7 +2,7 @@
 # One device call: the GPU tests, then the benchmarks, each stage under its own time limit, logs under $OUT.
 #   run(command="source bench/gpu-prelude.sh; bash bench/gpu-all.sh [stages]", carry=[".whl"])
 # stages (default: tests kernels): tests kernels lora runtime gluon conv gemm io norm switches eager chain verify
-# innorm.
+# host.
 # KERNELS_ONLY passes --only to bench/kernels.py, KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384
 # --name kernels-round2"), KERNELS_LIMIT its limit (s).
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
@@ -123,18 +123,11 @@ for s in $stages; do
              grep -E "FAILED|ERROR" "$OUT/tests-verify.log" | head -20; tail -3 "$OUT/tests-verify.log"
              mkdir -p "$OUT/v"; timeout 200 python bench/runtime.py --only ours,veager,hf --cases "verify 64x4" \
                --deadline 150 --out "$OUT/v" >> "$OUT/bench.log" 2>&1; grep "^- verify\|^| ours\|^| veager" "$OUT/v"/*.md ;;
-    # the input add and norm in in_proj's K loop (glue triton.Tuning.norm_in_gemm, off): its GPU tests and the
-    # layer's, then the static decode step without it and with it, twice each, interleaved, and the chain's split
-    # with it on (where in_proj and the norm go)
-    innorm)  timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider \
-               tests/test_norm_gemm.py tests/test_glue_gemm.py tests/test_graphs.py > "$OUT/tests-innorm.log" 2>&1
-             GDN_TRT_NORM_IN_GEMM=1 timeout 200 python -m pytest -q -m gpu -n "${GPU_WORKERS:-14}" -p no:cacheprovider \
-               tests/test_graphs.py tests/test_step_context.py tests/test_glue.py >> "$OUT/tests-innorm.log" 2>&1
-             grep -E "FAILED|ERROR|passed|failed" "$OUT/tests-innorm.log" | tail -8
-             ab GDN_TRT_NORM_IN_GEMM n static
-             mkdir -p "$OUT/c"; GDN_TRT_NORM_IN_GEMM=1 timeout 150 python bench/chain_floor.py --n 64 --out "$OUT/c" \
-               > "$OUT/chain.log" 2>&1; grep "^N=" "$OUT/chain.log" ;;
-    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain verify innorm)"
+    # where a decode step's host time goes at each N (bench/host_profile.py: phases, the bare replay, cProfile,
+    # then the kernels of one replay per bucket)
+    host)    timeout 300 python bench/host_profile.py --n 1,8,64,256 --steps 200 --top 6 > "$OUT/host.log" 2>&1
+             grep "^decode" "$OUT/host.log" ;;
+    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain verify host)"
        exit 2 ;;
   esac
 done

@@ -9,7 +9,8 @@ PLE staging; run: `step.run`, the graph replay; close: the commit), medians in u
 and output in place (`step.input()`, `run(..., copy=False)`); on CUDA then `bench/runtime.py`'s own measure
 (`timed`) of the in-place step after 20 and after 1 back-to-back steps, the in-place phases again, and with a spin
 wait; the step's CUDA calls alone (`bare`: the graph replay, an event record); then cProfile over back-to-back
-steps, the functions by own time. Prints only: the figures
+steps, the functions by own time; last, per N, the kernels one replay of the bucket's graphs runs (`census`). Prints
+only: the figures
 go into the closing notes of the issue they serve.
 
 `--eager CASES` (bench/runtime.py's case names) profiles steps that run without a graph instead: on the H200 the
@@ -104,6 +105,24 @@ def bare(o: "rb.Ours", n: int, steps: int) -> dict[str, float]:
                 out[name].append(v * 1e6)
     rb.sync()
     return {k: statistics.median(v) for k, v in out.items()}
+
+
+def census(o: "rb.Ours", n: int) -> str:
+    """The kernels of one replay of bucket n's decode graphs, by name (torch.profiler; after the timed figures,
+    since CUPTI slows every launch once it has run): how many graphs and kernels the replay launches. Why: the
+    replay's host time grew with N (6.2 / 9.4 / 11.2 us at N = 1 / 64 / 256, and an event record right after it
+    12.0 / 17.4 / 26.2 us, H100 host, 2026-12-05) for graphs meant to hold the same launches at every N."""
+    from collections import Counter
+
+    graphs = o.sess.graphs.replayable(n) or []
+    rb.sync()
+    with rb.torch.profiler.profile(activities=[rb.torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for g in graphs:
+            g.replay()
+        rb.sync()
+    names = Counter(e.name[:50] for e in prof.events() if e.device_type == rb.torch.autograd.DeviceType.CUDA)
+    return (f"{len(graphs)} graphs, {sum(names.values())} device events: "
+            + ", ".join(f"{k} x{v}" for k, v in names.most_common()))
 
 
 def hot(fn, steps: int, top: int) -> str:
@@ -260,7 +279,8 @@ def main() -> None:
         for case in args.eager.split(","):
             eager(o, case.strip(), args.steps, args.top)
         return
-    for n in (int(v) for v in args.n.split(",")):
+    ns = [int(v) for v in args.n.split(",")]
+    for n in ns:
         for static in (False, True):
             p = phases(o, n, args.steps, static)
             print(f"decode N={n}{' in place' if static else ''}: " + _fmt(p),
@@ -279,6 +299,8 @@ def main() -> None:
             print(f"decode N={n} bare: " + "  ".join(f"{k} {v:.1f} us" for k, v in bare(o, n, args.steps).items()),
                   flush=True)
         print(hot(o.step_fn("decode", [1] * n), args.steps, args.top), flush=True)
+    for n in ns if rb.DEV == "cuda" else ():  # last: after torch.profiler every launch pays for CUPTI
+        print(f"decode N={n} census: {census(o, n)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -95,12 +95,6 @@ class _Io:
         self.pools["conv"] = self.state.conv
         return glue.linear_conv(x, w, conv, self.pack, self.state.conv)
 
-    def norm_in_gemm(self, x: Tensor, w: Tensor, adapted: bool) -> bool:
-        """Whether the input add and norm run in the in-projection's K loop (`glue.norm_linear`): no LoRA update
-        on the projection (`adapted`: the layer has in_proj sites; the update needs the normed input) and a call the
-        fused kernel takes (`glue.norm_in_gemm`). In every mode: the projection touches no state."""
-        return not (adapted and self.lora is not None) and glue.norm_in_gemm(x, w)
-
     def norm_in_decode(self, x: GdnInputs) -> bool:
         """Whether the GDN decode and the output's gated norm run as one kernel (`glue.recurrent_norm`): a mode with
         one token per sequence that writes the pools (decode) and a call the fused kernel takes
@@ -316,14 +310,8 @@ class GdnLayer(nn.Module):
         cfg, fused = self.cfg, self._fused(step.x)
         host = self._host_reduces()  # the host does the layer's last reduction: the output is this rank's share
         if not cfg.is_hc:
-            w_in = self.mixer.in_proj
-            if fused and io.norm_in_gemm(step.x, w_in, bool(self._by_proj[Proj.IN_PROJ])):
-                proj, residual = glue.norm_linear(step.x, step.residual, self.norms.input_norm, cfg.rms_norm_eps,
-                                                  w_in)
-                y = self._mixer(proj, io, fused, projected=True)
-            else:
-                h, residual = self._add_norm(step.x, step.residual, self.norms.input_norm, fused)
-                y = self._mixer(h, io, fused)
+            h, residual = self._add_norm(step.x, step.residual, self.norms.input_norm, fused)
+            y = self._mixer(h, io, fused)
             if self.mlp is None:
                 return StepOutput(y, residual)
             h, residual = self._add_norm(residual, y, self.norms.post_norm, fused)
@@ -359,23 +347,19 @@ class GdnLayer(nn.Module):
         residual = x + delta
         return rms_norm_1p(residual, w, self.cfg.rms_norm_eps), residual
 
-    def _mixer(self, h: Tensor, io: _Io, fused: bool, last: bool | None = None, projected: bool = False) -> Tensor:
+    def _mixer(self, h: Tensor, io: _Io, fused: bool, last: bool | None = None) -> Tensor:
         """GDN token mixer: [T, C] -> [T, C]. q, k, v, z, a, b stay column views of the projection: the conv and
-        GDN kernels and the fused gated norm take their row strides, so the split copies nothing. `projected`: h is
-        the in-projection's output already (`glue.norm_linear`)."""
+        GDN kernels and the fused gated norm take their row strides, so the split copies nothing."""
         cfg, m = self.cfg, self.mixer
         T, H, HV = h.shape[0], cfg.linear_num_key_heads, cfg.linear_num_value_heads
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         conv = ConvParams(m.conv, 1, Activation.SILU)
-        conv_done = not projected and fused and io.conv_in_gemm(h, m.in_proj, bool(self._by_proj[Proj.IN_PROJ]))
-        if projected:
-            proj = h
-        elif conv_done:
+        if fused and io.conv_in_gemm(h, m.in_proj, bool(self._by_proj[Proj.IN_PROJ])):
             proj = io.linear_conv(h, m.in_proj, conv)
+            qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
         else:
             proj = io.adapt(_linear(h, m.in_proj, fused), h, self._by_proj[Proj.IN_PROJ])
-        qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
-        if not conv_done:
+            qkv, z, b, a = proj.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
             qkv = io.conv("conv", qkv, conv)
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         x = GdnInputs(q.reshape(T, H, K), k.reshape(T, H, K), v.reshape(T, HV, V), a, b, m.A_log, m.dt_bias)

@@ -35,7 +35,6 @@ interpreter tests).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -211,15 +210,11 @@ def gemm_kernel(
     LATE: tl.constexpr = False,
     cw=None, pool=None, slots=None, CONV_D: tl.constexpr = 0,  # the conv epilogue (`_conv_store`), CONV_D > 0
     w_desc=None, x_desc=None, TMA: tl.constexpr = False,  # TMA: the tiles through these descriptors (Config.tma)
-    d=None, nw=None, r=None, s_d=0, eps=0.0, NORM: tl.constexpr = False,  # the input norm in the K loop (`launch`)
 ):
     """Program (i_n, i_m, i_s): y[i_m*BM : +BM, i_n*BN : +BN] over K[i_s*k_slice : +k_slice] (k_slice: BK steps);
     SPLIT: the K-slices (the grid's third extent; 1: none); SPREAD: rows [i_n N / P, (i_n + 1) N / P) of the P =
     programs along N instead of i_n*BN : +BN; CONV_D > 0: output columns below CONV_D go through the one-token conv
-    update (`_conv_store`) before they are stored. NORM (the tl.dot form without TMA or split-K): x is the layer
-    input before its residual add and norm; the K loop forms r = x + d (stored to r by the programs of the first
-    N-tile), multiplies r (1 + nw) and sums r^2 per token, and the accumulator is scaled by rsqrt(mean r^2 + eps):
-    y = RMSNorm(1 + nw)(r) w^T with the row scale after the sum, where it commutes."""
+    update (`_conv_store`) before they are stored."""
     dt = y.dtype.element_ty
     i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if SPLIT > 1:
@@ -263,10 +258,6 @@ def gemm_kernel(
         p_w = w + r_n[:, None] * K + o_k[None, :]  # [BN, BK]
         p_x = x + o_m[None, :].to(tl.int64) * s_x + o_k[:, None]  # [BK, BM]
         acc = tl.zeros([BN, BM], dtype=tl.float32)
-        if NORM:
-            p_d = d + o_m[None, :].to(tl.int64) * s_d + o_k[:, None]
-            p_r = r + o_m[None, :].to(tl.int64) * K + o_k[:, None]
-            ss = tl.zeros([BM], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             if EVEN_K:
                 if SPREAD:
@@ -281,28 +272,12 @@ def gemm_kernel(
                 else:
                     b_w = tl.load(p_w, mask=m_k[None, :], other=0.0)
                 b_x = tl.load(p_x, mask=m_m[None, :] & m_k[:, None], other=0.0)
-            if NORM:  # the norm kernel's operations in its order: r rounded to dt, then fp32
-                if EVEN_K:
-                    m_xk = m_m[None, :]
-                else:
-                    m_xk = m_m[None, :] & (k0 - k_lo + o_k < K)[:, None]
-                b_r = (b_x.to(tl.float32) + tl.load(p_d, mask=m_xk, other=0.0).to(tl.float32)).to(dt)
-                if i_n == 0:
-                    tl.store(p_r, b_r, mask=m_xk)
-                b_f = b_r.to(tl.float32)
-                ss += tl.sum(b_f * b_f, 0)
-                b_g = tl.load(nw + k0 + tl.arange(0, BK), mask=k0 + tl.arange(0, BK) < K, other=0.0)
-                b_x = (b_f * (1.0 + b_g.to(tl.float32))[:, None]).to(dt)
-                p_d += BK
-                p_r += BK
             if IEEE:
                 acc = tl.dot(b_w, b_x, acc, input_precision="ieee")
             else:
                 acc = tl.dot(b_w, b_x, acc)
             p_w += BK
             p_x += BK
-        if NORM:
-            acc = acc * tl.rsqrt(ss / K + eps)[None, :]
     else:
         p_w = w + r_n[:, None, None] * K + o_k[None, None, :]  # [BN, 1, BK]
         p_x = x + o_m[None, :, None].to(tl.int64) * s_x + o_k[None, None, :]  # [1, BM, BK]
@@ -384,17 +359,12 @@ def _conv_store(acc, p_y, m_y, o_n, o_m, m_n, m_m, cw, pool, slots, D: tl.conste
     tl.store(p_y, tl.where((slot >= 0)[None, :], b_y, 0.0).to(dt), mask=m_y & (o_n < D)[:, None])
 
 
-def launch(x: Tensor, w: Tensor, cfg: Config, conv: tuple[Tensor, Tensor, Tensor] | None = None,
-           norm: tuple[Tensor, Tensor, float, Tensor] | None = None) -> Tensor:
+def launch(x: Tensor, w: Tensor, cfg: Config, conv: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
     """x [M, K] (unit stride along K), w [N, K] contiguous -> y [M, N] in x's dtype, with launch `cfg`.
     conv = (weight [D, 4], pool [S, 3, D], slots int32 [M]), all contiguous, D <= N: the columns below D leave
     through the one-token conv update of `_conv_store` (token m is sequence m), which writes the window after the
-    token to pool[slots[m]]; the caller checks them (`op.linear_conv`).
-    norm = (d [M, K] unit stride along K, nw [K] contiguous, eps, r [M, K] contiguous): y = RMSNorm(1 + nw)(x + d)
-    w^T and r = x + d (gemm_kernel's NORM; the tl.dot form, without TMA, K in one slice; `op.norm_linear`)."""
+    token to pool[slots[m]]; the caller checks them (`op.linear_conv`)."""
     cfg.check()
-    if norm is not None:
-        cfg = norm_config(cfg)
     M, K = x.shape
     N = w.shape[0]
     y = _new((M, N), x.dtype, x.device)
@@ -423,18 +393,8 @@ def launch(x: Tensor, w: Tensor, cfg: Config, conv: tuple[Tensor, Tensor, Tensor
                       SPREAD=cfg.spread > 0, LATE=cfg.late, num_warps=cfg.warps, num_stages=cfg.stages,
                       **({} if conv is None else dict(cw=conv[0], pool=conv[1], slots=conv[2],
                                                       CONV_D=conv[0].shape[0])),
-                      **({} if norm is None else dict(d=norm[0], nw=norm[1], eps=norm[2], r=norm[3],
-                                                      s_d=norm[0].stride(0), NORM=True)),
                       **tma, **pdl.options(x.device))
     return y
-
-
-@functools.lru_cache(maxsize=64)
-def norm_config(cfg: Config) -> Config:
-    """`cfg` as a launch with the input norm in its K loop takes it: the tl.dot form (the norm is written for it)
-    without TMA, K in one slice (a token's sum of squares needs every column in one program). Cached: a dataclass
-    `replace` per call would cost host time on eager steps."""
-    return replace(cfg, dot=True, tma=False, bm=max(16, cfg.bm), split=1)
 
 
 def _tma_ok(t: Tensor) -> bool:

@@ -110,13 +110,6 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
     return F.linear(x.to(cd), w.to(cd)).to(x.dtype)
 
 
-def norm_linear(x: Tensor, d: Tensor, nw: Tensor, eps: float, w: Tensor) -> tuple[Tensor, Tensor]:
-    """The layer's input add and norm, then its in-projection: (y, r), r = x + d [M, K] and y = RMSNorm(1 + nw)(r)
-    w^T [M, N] (`add_rms_norm` over the whole row, then `linear`)."""
-    h, r = add_rms_norm(x, (d,), nw, eps, x.shape[1])
-    return linear(h, w), r
-
-
 def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool: Tensor) -> Tensor:
     """`linear`, then the conv update (`causal_conv1d.naive.update`) of its first D columns in their place: [M, N];
     writes the window after each sequence's token to conv_pool[slot]."""

@@ -203,30 +203,6 @@ def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool
     return _impl(x).linear_conv(x, w, conv, pack, conv_pool)
 
 
-def norm_in_gemm(x: Tensor, w: Tensor) -> bool:
-    """Whether `norm_linear(x, d, nw, eps, w)` runs as one launch (the skinny GEMM takes x w^T, `_skinny`, and
-    `triton.Tuning.norm_in_gemm` is on); the layer calls it only then, and the norm and the projection separately
-    otherwise. As for `conv_in_gemm`, also where cuBLAS alone would be faster: the A/B of the step decides."""
-    return _skinny(x, w) and _impl(x).TUNING.norm_in_gemm
-
-
-def norm_linear(x: Tensor, d: Tensor, nw: Tensor, eps: float, w: Tensor) -> tuple[Tensor, Tensor]:
-    """The layer's input add and norm, then its in-projection (naive.norm_linear): x, d [M, K], nw [K], w [N, K]
-    -> (y [M, N], r = x + d [M, K]). On CUDA a call `_skinny` takes runs as one launch (the norm in the GEMM's K
-    loop, its row scale after the sum: y within the two ops' roundings of theirs, r bit for bit); any other CUDA
-    call runs `add_rms_norm` and `linear`."""
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
-    check_rows("x", x, x.shape[0])
-    check_rows("residual delta", d, x.shape[0], x.shape[1])
-    check_vector("norm weight", nw, x.shape[1])
-    check_same(x, d, w)
-    if x.is_cuda and not _skinny(x, w):  # the two ops the unfused layer runs
-        h, r = add_rms_norm(x, (d,), nw, eps, x.shape[1])
-        return linear(h, w), r
-    return _impl(x).norm_linear(x, d, nw, eps, w)
-
-
 def norm_in_decode(x: GdnInputs, pack: Packing) -> bool:
     """Whether `recurrent_norm(x, pack, ...)` runs as one launch (CUDA, `triton.Tuning.norm_in_decode` on, and the
     recurrent kernel's tuning takes its one-tile form for this call: `decode_norm.takes`); the layer calls it only

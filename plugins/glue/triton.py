@@ -72,12 +72,6 @@ class Tuning:
     # unfused one's (same run): the separate norm overlapped the decode's tail, the fused one runs after it in the
     # last program of each head. GDN_TRT_NORM_IN_DECODE=1 turns it on (bench/gpu-all.sh norm)
     norm_in_decode: bool = os.environ.get("GDN_TRT_NORM_IN_DECODE", "0") == "1"
-    # the layer's input add and norm in the in-projection's K loop (`norm_linear`), where the layer uses it. Off:
-    # written without a device. Why: in the N = 64 decode step on the H200 in_proj and the input norm before it
-    # were credited 76.2 and 28.8 us (4 layers) against 50.7 and 18.4 for streaming kernels of their bytes
-    # (bench/results/2026-12-05-chain-trace-h200.md); fused, the norm's launch and the GEMM's wait for it go.
-    # GDN_TRT_NORM_IN_GEMM=1 turns it on (the A/B switch: bench/gpu-all.sh innorm)
-    norm_in_gemm: bool = os.environ.get("GDN_TRT_NORM_IN_GEMM", "0") == "1"
 
 
 TUNING = Tuning()
@@ -361,15 +355,6 @@ def linear_conv(x: Tensor, w: Tensor, conv: ConvParams, pack: Packing, conv_pool
     next kernel is the GDN decode, whose programs would otherwise wait on the SMs through the GEMM, as the conv's
     did."""
     return gemm.launch(x, w, _late(gemm.config_for(x.shape[0], w.shape[0])), (conv.weight, conv_pool, pack.slots))
-
-
-def norm_linear(x: Tensor, d: Tensor, nw: Tensor, eps: float, w: Tensor) -> tuple[Tensor, Tensor]:
-    """`naive.norm_linear` in one launch of the skinny GEMM with the input add and norm in its K loop (gemm.py's
-    NORM), at the table's launch for the call (also where cuBLAS alone is faster: the fusion saves the norm's launch
-    and the GEMM's wait for it). The row scale is applied after the sum, so y equals the two kernels' within their
-    roundings, not bit for bit; r is bit for bit the norm kernel's."""
-    r = _new(tuple(x.shape), x.dtype, x.device)
-    return gemm.launch(x, w, gemm.config_for(x.shape[0], w.shape[0]), norm=(d, nw, eps, r)), r
 
 
 @functools.lru_cache(maxsize=64)
