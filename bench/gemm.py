@@ -66,7 +66,10 @@ _NARROW = [(16, 512, 3, 4, 1), (32, 256, 4, 4, 2), (64, 128, 4, 4, 4), (64, 256,
 _WIDE_TMA = [(64, 64, 4, 4, 1), (64, 64, 6, 4, 1), (128, 64, 4, 4, 1), (128, 64, 4, 8, 1), (32, 64, 8, 4, 1),
              # deeper pipelines of the 64 x 64 tile, which led at M = 64 with 6 stages (15.7 against cuBLAS's 16.9 us,
              # 3.3 TB/s): in the N = 64 step in_proj streams at 2.7 TB/s where a copy of its bytes takes 4.0
-             # (bench/results/2026-12-05-chain-trace-h200.md); more bytes in flight a program is the untried lever
+             # (bench/results/2026-12-05-chain-trace-h200.md). Timed on an H100 (M = 64, 2026-12-05,
+             # bench/results/2026-12-05-gemm-sweep-h100-m64.md): 6 stages 21.8 us, 8 stages 23.1 (8 warps 24.6),
+             # 10 stages 25.4, cuBLAS 21.9; non-TMA 8 stages 23.1, BK 128 at 6 stages 23.7: more bytes in flight a
+             # program did not stream faster
              (64, 64, 8, 4, 1), (64, 64, 8, 8, 1), (64, 64, 10, 4, 1)]
 _NARROW_TMA = [(64, 64, 4, 4, 4), (64, 64, 6, 4, 4), (32, 64, 6, 4, 2), (128, 64, 4, 8, 8)]
 # the FMA form (BM = M <= 4): BN = 8 or 16 weight rows per program (out_proj: 256 or 128 N-tiles, no room to split)
