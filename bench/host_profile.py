@@ -9,9 +9,9 @@ PLE staging; run: `step.run`, the graph replay; close: the commit), medians in u
 and output in place (`step.input()`, `run(..., copy=False)`); on CUDA then `bench/runtime.py`'s own measure
 (`timed`) of the in-place step after 20 and after 1 back-to-back steps, the in-place phases again, and with a spin
 wait; the step's CUDA calls alone (`bare`: the graph replay, an event record); then cProfile over back-to-back
-steps, the functions by own time; last, per N, the kernels one replay of the bucket's graphs runs (`census`). Prints
-only: the figures
-go into the closing notes of the issue they serve.
+steps, the functions by own time; then graphs of in_proj's GEMM alone at M = 1, 64, 256 (`gemm_graphs`); last, per
+N, the kernels one replay of the bucket's graphs runs (`census`). Prints only: the figures go into the closing notes
+of the issue they serve.
 
 `--eager CASES` (bench/runtime.py's case names) profiles steps that run without a graph instead: on the H200 the
 eager verify 64 x 4 took 3.3 ms of host enqueue against 0.96 ms of device time, and the prefill of 4096 tokens 5.7
@@ -123,6 +123,41 @@ def census(o: "rb.Ours", n: int) -> str:
     names = Counter(e.name[:50] for e in prof.events() if e.device_type == rb.torch.autograd.DeviceType.CUDA)
     return (f"{len(graphs)} graphs, {sum(names.values())} device events: "
             + ", ".join(f"{k} x{v}" for k, v in names.most_common()))
+
+
+def gemm_graphs(ms: list[int], steps: int) -> str:
+    """Which launch makes the N = 256 graph dear to launch: graphs of in_proj's GEMM alone ([M, 2048] x [12352,
+    2048]^T, bf16, torch's linear: cuBLAS), 8 nodes as in the step, at each M, and one of 8 copies of the same
+    output as the control; per graph the replay's host time and an event record's right after it (medians, us)."""
+    torch = rb.torch
+    w = torch.randn(12352, 2048, device="cuda", dtype=torch.bfloat16)
+    out = []
+    for m in ms:
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        y = torch.nn.functional.linear(x, w)
+        for name, fn in ((f"linear M={m}", lambda: torch.nn.functional.linear(x, w)), (f"copy M={m}", y.clone)):
+            fn()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(8):
+                    fn()
+            ev, t = torch.cuda.Event(), {"replay": [], "record": []}
+            for k in range(steps + 3):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                g.replay()
+                t1 = time.perf_counter()
+                ev.record()
+                t2 = time.perf_counter()
+                if k >= 3:
+                    t["replay"].append((t1 - t0) * 1e6)
+                    t["record"].append((t2 - t1) * 1e6)
+            out.append(f"{name}: replay {statistics.median(t['replay']):.1f} us  record "
+                       f"{statistics.median(t['record']):.1f} us")
+            del g
+    torch.cuda.synchronize()
+    return "\n".join(out)
 
 
 def hot(fn, steps: int, top: int) -> str:
@@ -299,6 +334,8 @@ def main() -> None:
             print(f"decode N={n} bare: " + "  ".join(f"{k} {v:.1f} us" for k, v in bare(o, n, args.steps).items()),
                   flush=True)
         print(hot(o.step_fn("decode", [1] * n), args.steps, args.top), flush=True)
+    if rb.DEV == "cuda":
+        print(gemm_graphs([1, 64, 256], args.steps), flush=True)
     for n in ns if rb.DEV == "cuda" else ():  # last: after torch.profiler every launch pays for CUPTI
         print(f"decode N={n} census: {census(o, n)}", flush=True)
 
