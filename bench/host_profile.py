@@ -111,7 +111,9 @@ def census(o: "rb.Ours", n: int) -> str:
     """The kernels of one replay of bucket n's decode graphs, by name (torch.profiler; after the timed figures,
     since CUPTI slows every launch once it has run): how many graphs and kernels the replay launches. Why: the
     replay's host time grew with N (6.2 / 9.4 / 11.2 us at N = 1 / 64 / 256, and an event record right after it
-    12.0 / 17.4 / 26.2 us, H100 host, 2026-12-05) for graphs meant to hold the same launches at every N."""
+    12.0 / 17.4 / 26.2 us, H100 host, 2026-12-05) for graphs meant to hold the same launches at every N. They do: one
+    graph of 26 kernels at every N; the GEMMs differ (Triton below N = 64, cuBLAS from there), and only N = 256's
+    graph cost more to launch on the next H100 host (bench/results/2026-12-05-host-profile-h100-census.txt)."""
     from collections import Counter
 
     graphs = o.sess.graphs.replayable(n) or []
@@ -127,15 +129,22 @@ def census(o: "rb.Ours", n: int) -> str:
 
 def gemm_graphs(ms: list[int], steps: int) -> str:
     """Which launch makes the N = 256 graph dear to launch: graphs of in_proj's GEMM alone ([M, 2048] x [12352,
-    2048]^T, bf16, torch's linear: cuBLAS), 8 nodes as in the step, at each M, and one of 8 copies of the same
-    output as the control; per graph the replay's host time and an event record's right after it (medians, us)."""
+    2048]^T, bf16), 8 nodes as in the step, at each M: torch's linear (cuBLAS), the skinny Triton GEMM with 64 x 64
+    tiles (M-tiles of 64 past M = 64: a launch the step could take instead), and 8 copies of the same output as the
+    control; per graph the replay's host time and an event record's right after it (medians, us)."""
+    import triton
+
+    from gdn_trt.plugins.glue import gemm
+
     torch = rb.torch
     w = torch.randn(12352, 2048, device="cuda", dtype=torch.bfloat16)
     out = []
     for m in ms:
         x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
         y = torch.nn.functional.linear(x, w)
-        for name, fn in ((f"linear M={m}", lambda: torch.nn.functional.linear(x, w)), (f"copy M={m}", y.clone)):
+        cfg = gemm.Config(max(16, min(64, triton.next_power_of_2(m))), 64, 64, 4, 4)
+        for name, fn in ((f"linear M={m}", lambda: torch.nn.functional.linear(x, w)),
+                         (f"skinny M={m}", lambda: gemm.launch(x, w, cfg)), (f"copy M={m}", y.clone)):
             fn()
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
