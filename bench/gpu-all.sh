@@ -124,9 +124,9 @@ for s in $stages; do
              mkdir -p "$OUT/v"; timeout 200 python bench/runtime.py --only ours,veager,hf --cases "verify 64x4" \
                --deadline 150 --out "$OUT/v" >> "$OUT/bench.log" 2>&1; grep "^- verify\|^| ours\|^| veager" "$OUT/v"/*.md ;;
     # where a decode step's host time goes at each N (bench/host_profile.py: phases, the bare replay, cProfile,
-    # then the kernels of one replay per bucket)
+    # graphs of in_proj's GEMM alone, then the kernels of one replay per bucket)
     host)    timeout 300 python bench/host_profile.py --n 1,8,64,256 --steps 200 --top 6 > "$OUT/host.log" 2>&1
-             grep "^decode" "$OUT/host.log" ;;
+             grep "^decode\|^linear\|^skinny\|^copy" "$OUT/host.log" ;;
     *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain verify host)"
        exit 2 ;;
   esac
