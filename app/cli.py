@@ -85,14 +85,17 @@ def _budget(args: argparse.Namespace) -> int:
         cfg = GdnConfig.from_hf(os.path.join(args.checkpoint, "config.json"), name=os.path.basename(args.checkpoint))
     lora = LoraLimits(args.lora_slots, args.lora_rank) if args.lora_slots else None
     limits = RuntimeLimits(args.max_seqs, args.max_prefill_tokens, args.max_draft, (), args.ple_cache_rows, lora)
-    if args.verify_graphs and args.no_graphs:
+    from gdn_trt.runtime.session import SessionOptions  # its rule: verify graphs follow the graphs, need them
+
+    try:
+        options = SessionOptions(graphs=not args.no_graphs, verify_graphs=args.verify_graphs)
+    except ValueError:
         print("gdn-trt budget: --verify-graphs needs the graphs (drop --no-graphs): verify steps are captured beside "
               "decode steps", file=sys.stderr)
         return 2
-    verify = not args.no_graphs if args.verify_graphs is None else args.verify_graphs
     try:
-        need = budget(cfg, limits, args.dtype or cfg.dtype, graphs=not args.no_graphs, tp=args.tp,
-                      verify_graphs=verify)
+        need = budget(cfg, limits, args.dtype or cfg.dtype, graphs=options.graphs, tp=args.tp,
+                      verify_graphs=options.verify_graphs)
     except TpError as e:
         print(f"gdn-trt budget: {e}", file=sys.stderr)
         return 2

@@ -110,14 +110,10 @@ def credits(evs: list[tuple[int, int, str]]) -> list[float]:
     return [(b - a) / 1e3 for a, b in zip(starts, starts[1:])]
 
 
-GEMMS = ("gemm", "nvjet", "xmma", "cutlass")  # our skinny GEMM's and cuBLAS's kernel names
-
-
 def roles_of(names: list[str]) -> list[str]:
     """The layer kernel (`KERNELS`) each launch of a step stands for, by name (the module docstring)."""
     out, at = [], "head"
     for name in names:
-        gemm = any(g in name for g in GEMMS)
         if name == "norm_kernel":
             at = "norm"
         elif "conv" in name:
@@ -126,8 +122,6 @@ def roles_of(names: list[str]) -> list[str]:
             at = "gdn"
         elif name == "gated_norm_kernel":
             at = "gated_norm"
-        elif gemm and at == "gated_norm":
-            at = "out_proj"
         elif at == "head":  # before the first layer's norm
             pass
         elif at in ("norm", "in_proj"):

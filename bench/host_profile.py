@@ -82,8 +82,11 @@ def bare(o: "rb.Ours", n: int, steps: int) -> dict[str, float]:
     (`graph.replay()` of the bucket's captured graphs), one event record, and a replay whose wait spins on an event
     instead of `torch.cuda.synchronize` (does the idle wait itself slow the next call?)."""
     graphs = o.sess.graphs.replayable(n)
-    if not graphs:
-        return {}
+    return launch_costs(graphs, steps) if graphs else {}
+
+
+def launch_costs(graphs: list, steps: int) -> dict[str, float]:
+    """`bare`'s figures for any list of captured graphs, replayed in order (medians in us)."""
     ev = rb.torch.cuda.Event()
     out = {"replay": [], "record": [], "replay_after_spin": []}
     for k in range(steps + 3):
@@ -151,19 +154,8 @@ def gemm_graphs(ms: list[int], steps: int) -> str:
             with torch.cuda.graph(g):
                 for _ in range(8):
                     fn()
-            ev, t = torch.cuda.Event(), {"replay": [], "record": []}
-            for k in range(steps + 3):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                g.replay()
-                t1 = time.perf_counter()
-                ev.record()
-                t2 = time.perf_counter()
-                if k >= 3:
-                    t["replay"].append((t1 - t0) * 1e6)
-                    t["record"].append((t2 - t1) * 1e6)
-            out.append(f"{name}: replay {statistics.median(t['replay']):.1f} us  record "
-                       f"{statistics.median(t['record']):.1f} us")
+            t = launch_costs([g], steps)
+            out.append(f"{name}: replay {t['replay']:.1f} us  record {t['record']:.1f} us")
             del g
     torch.cuda.synchronize()
     return "\n".join(out)
