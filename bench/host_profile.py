@@ -9,9 +9,9 @@ PLE staging; run: `step.run`, the graph replay; close: the commit), medians in u
 and output in place (`step.input()`, `run(..., copy=False)`); on CUDA then `bench/runtime.py`'s own measure
 (`timed`) of the in-place step after 20 and after 1 back-to-back steps, the in-place phases again, and with a spin
 wait; the step's CUDA calls alone (`bare`: the graph replay, an event record); then cProfile over back-to-back
-steps, the functions by own time; then graphs of in_proj's GEMM alone at M = 1, 64, 256 (`gemm_graphs`); last, per
-N, the kernels one replay of the bucket's graphs runs (`census`). Prints only: the figures go into the closing notes
-of the issue they serve.
+steps, the functions by own time; then graphs of in_proj's and out_proj's GEMMs alone at M = 1, 64, 256
+(`gemm_graphs`); last, per N, the kernels one replay of the bucket's graphs runs (`census`). Prints only: the
+figures go into the closing notes of the issue they serve.
 
 `--eager CASES` (bench/runtime.py's case names) profiles steps that run without a graph instead: on the H200 the
 eager verify 64 x 4 took 3.3 ms of host enqueue against 0.96 ms of device time, and the prefill of 4096 tokens 5.7
@@ -131,8 +131,9 @@ def census(o: "rb.Ours", n: int) -> str:
 
 
 def gemm_graphs(ms: list[int], steps: int) -> str:
-    """Which launch makes the N = 256 graph dear to launch: graphs of in_proj's GEMM alone ([M, 2048] x [12352,
-    2048]^T, bf16), 8 nodes as in the step, at each M: torch's linear (cuBLAS), the skinny Triton GEMM with 64 x 64
+    """Which launch makes the N = 256 graph dear to launch: graphs of one projection's GEMM alone (in_proj [M,
+    2048] x [12352, 2048]^T and out_proj [M, 4096] x [2048, 4096]^T, bf16), 8 nodes as in the step, at each M:
+    torch's linear (cuBLAS, and cuBLASLt where torch can be told to prefer it), the skinny Triton GEMM with 64 x 64
     tiles (M-tiles of 64 past M = 64: a launch the step could take instead), and 8 copies of the same output as the
     control; per graph the replay's host time and an event record's right after it (medians, us)."""
     import triton
@@ -140,23 +141,34 @@ def gemm_graphs(ms: list[int], steps: int) -> str:
     from gdn_trt.plugins.glue import gemm
 
     torch = rb.torch
-    w = torch.randn(12352, 2048, device="cuda", dtype=torch.bfloat16)
+    F = torch.nn.functional
+    lib = torch.backends.cuda.preferred_blas_library()
     out = []
-    for m in ms:
-        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
-        y = torch.nn.functional.linear(x, w)
-        cfg = gemm.Config(max(16, min(64, triton.next_power_of_2(m))), 64, 64, 4, 4)
-        for name, fn in ((f"linear M={m}", lambda: torch.nn.functional.linear(x, w)),
-                         (f"skinny M={m}", lambda: gemm.launch(x, w, cfg)), (f"copy M={m}", y.clone)):
-            fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(8):
+    for proj, (n_w, k_w) in (("in_proj", (12352, 2048)), ("out_proj", (2048, 4096))):
+        w = torch.randn(n_w, k_w, device="cuda", dtype=torch.bfloat16)
+        for m in ms:
+            x = torch.randn(m, k_w, device="cuda", dtype=torch.bfloat16)
+            y = F.linear(x, w)
+            cfg = gemm.Config(max(16, min(64, triton.next_power_of_2(m))), 64, 64, 4, 4)
+            for name, fn, blas in ((f"linear {proj} M={m}", lambda: F.linear(x, w), lib),
+                                   (f"linear-lt {proj} M={m}", lambda: F.linear(x, w), "cublaslt"),
+                                   (f"skinny {proj} M={m}", lambda: gemm.launch(x, w, cfg), lib),
+                                   (f"copy {proj} M={m}", y.clone, lib)):
+                torch.backends.cuda.preferred_blas_library(blas)
+                try:
                     fn()
-            t = launch_costs([g], steps)
-            out.append(f"{name}: replay {t['replay']:.1f} us  record {t['record']:.1f} us")
-            del g
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        for _ in range(8):
+                            fn()
+                    t = launch_costs([g], steps)
+                    out.append(f"{name}: replay {t['replay']:.1f} us  record {t['record']:.1f} us")
+                    del g
+                except Exception as e:  # a backend this build lacks: say so, keep the other rows
+                    out.append(f"{name}: {type(e).__name__}: {e}")
+                finally:
+                    torch.backends.cuda.preferred_blas_library(lib)
     torch.cuda.synchronize()
     return "\n".join(out)
 
