@@ -33,13 +33,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gdn_trt.plugins import pdl
+
 from .stack import Packed
 
 BLOCK = 1024  # row elements per program: 8 per thread at 4 warps, a 16-byte vector of bf16
 
 
 @triton.jit
-def _rows_in_kernel(io, slots, x, D, VEC: tl.constexpr, BLOCK: tl.constexpr):
+def _rows_in_kernel(io, slots, x, D, VEC: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < D
@@ -54,7 +57,9 @@ def _rows_in_kernel(io, slots, x, D, VEC: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rows_out_kernel(io, slots, x, res, hidden, D, s_x, s_r, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _rows_out_kernel(io, slots, x, res, hidden, D, s_x, s_r, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < D
@@ -71,13 +76,24 @@ def _rows_out_kernel(io, slots, x, res, hidden, D, s_x, s_r, HAS_RES: tl.constex
             tl.store(out + off, v, mask=m)
 
 
+def _pdl(device: torch.device) -> dict:
+    """PDL launch keywords (`plugins/pdl.py`, whose rule both kernels keep: they wait for the previous kernel before
+    their first load or store): the first layer's norm is launched while `rows_in` runs, and `rows_out` while the
+    last out_proj runs, as the layers' kernels are. On the H100 (2026-12-05, bench/results/README.md) the static
+    step's wall went from 147.9 / 214.4 / 564.2 / 1735 us to 146.0 / 212.9 / 561.6 / 1734 at N = 1 / 8 / 64 / 256
+    (first of two interleaved rounds; the second alike): 1-2 us, in every pair."""
+    with pdl.scope():
+        return pdl.options(device)
+
+
 def _grid(t: Tensor) -> tuple[int, int]:
     return t.shape[0], triton.cdiv(t.shape[1], BLOCK)
 
 
 def rows_in(io: Tensor, slots: Tensor, x: Tensor) -> None:
     """See the module docstring. io [3] int64, slots [B] int32, x [B, D] contiguous (the graph's fixed input)."""
-    _rows_in_kernel[_grid(x)](io, slots, x, x.shape[1], VEC=16 // x.element_size(), BLOCK=BLOCK, num_warps=4)
+    _rows_in_kernel[_grid(x)](io, slots, x, x.shape[1], VEC=16 // x.element_size(), BLOCK=BLOCK, num_warps=4,
+                              **_pdl(x.device))
 
 
 def rows_out(io: Tensor, slots: Tensor, out: Packed) -> Tensor:
@@ -86,7 +102,7 @@ def rows_out(io: Tensor, slots: Tensor, out: Packed) -> Tensor:
     x, res = (t if t is None or t.stride(1) == 1 else t.contiguous() for t in (out.x, out.residual))
     hidden, r = (x, x) if res is None else (x.new_empty(x.shape), res)
     _rows_out_kernel[_grid(x)](io, slots, x, r, hidden, x.shape[1], x.stride(0), r.stride(0),
-                               HAS_RES=res is not None, BLOCK=BLOCK, num_warps=4)
+                               HAS_RES=res is not None, BLOCK=BLOCK, num_warps=4, **_pdl(x.device))
     return hidden
 
 

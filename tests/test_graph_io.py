@@ -98,9 +98,10 @@ if not INSIDE:
         from gdn_trt.plugins import triton_aot
 
         for dt, vec in (("bf16", 8), ("fp16", 8), ("fp32", 4)):
-            sig = {"io": "*i64", "slots": "*i32", "x": f"*{dt}", "D": "i32", "VEC": "constexpr", "BLOCK": "constexpr"}
+            sig = {"io": "*i64", "slots": "*i32", "x": f"*{dt}", "D": "i32", "VEC": "constexpr", "BLOCK": "constexpr",
+                   "PDL": "constexpr"}
             out_sig = {"io": "*i64", "slots": "*i32", "x": f"*{dt}", "res": f"*{dt}", "hidden": f"*{dt}", "D": "i32",
-                       "s_x": "i32", "s_r": "i32", "HAS_RES": "constexpr", "BLOCK": "constexpr"}
+                       "s_x": "i32", "s_r": "i32", "HAS_RES": "constexpr", "BLOCK": "constexpr", "PDL": "constexpr"}
             for fn, s, const in ((graph_io._rows_in_kernel, sig, dict(VEC=vec, BLOCK=graph_io.BLOCK)),
                                  (graph_io._rows_out_kernel, out_sig, dict(HAS_RES=True, BLOCK=graph_io.BLOCK))):
                 names = list(s)
@@ -108,13 +109,18 @@ if not INSIDE:
                 for n in ("D", "s_x", "s_r"):
                     if n in s:
                         attrs[(names.index(n),)] = [["tt.divisibility", 16]]
-                k = triton.compile(ASTSource(fn, s, attrs=attrs, constexprs=const), target=GPUTarget("cuda", 90, 32),
-                                   options={"num_warps": 4})
-                _, stack = triton_aot._resource_usage(k.asm["cubin"])
-                ptx = k.asm["ptx"]
-                assert stack == 0, (fn.__name__, dt)
-                # the rows move in 16-byte vectors, the user's too (the address and row stride hints)
-                assert "ld.global.v4" in ptx and "st.global.v4" in ptx, (fn.__name__, dt)
+                for on in (False, True):  # the graph's launch is the PDL one (sm_90 and later)
+                    k = triton.compile(ASTSource(fn, s, attrs=attrs, constexprs={**const, "PDL": on}),
+                                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+                    _, stack = triton_aot._resource_usage(k.asm["cubin"])
+                    ptx = k.asm["ptx"]
+                    assert stack == 0, (fn.__name__, dt)
+                    # the rows move in 16-byte vectors, the user's too (the address and row stride hints)
+                    assert "ld.global.v4" in ptx and "st.global.v4" in ptx, (fn.__name__, dt)
+                    # with PDL the wait comes before anything is read, then the trigger (plugins/pdl.py's rule)
+                    assert ("griddepcontrol.wait" in ptx) == on and ("griddepcontrol.launch_dependents" in ptx) == on
+                    if on:
+                        assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global"), fn.__name__
 
 if INSIDE:
     def _case(B: int, n: int, D: int, dtype, stride: int, seed: int):
