@@ -150,11 +150,11 @@ def split(n: int, ours: list[tuple[int, int, str]], stream: list[tuple[int, int,
     return rows
 
 
-def ours_step(cfg: GdnConfig, n: int) -> tuple[float, list[dict]]:
+def ours_step(cfg: GdnConfig, n: int, pdl: bool) -> tuple[float, list[dict]]:
     """bench/runtime.py's static step at n sequences: its graphs replayed back to back (us), and the per-kernel split
-    of one step of it beside one of the `6 a layer` chain (`split`; the chain from a CUDA graph, as it is timed: its
-    eager launches are host-bound at N = 8, where a span of 492 us traced eagerly took 134 replayed, H200
-    2026-12-05)."""
+    of one step of it beside one of the `6 a layer` chain (`split`; the chain with PDL where `pdl`, and from a CUDA
+    graph, as it is timed: its eager launches are host-bound at N = 8, where a span of 492 us traced eagerly took 134
+    replayed, H200 2026-12-05)."""
     import runtime as rb
     import step_trace
 
@@ -166,10 +166,9 @@ def ours_step(cfg: GdnConfig, n: int) -> tuple[float, list[dict]]:
     del o, fn
     torch.cuda.empty_cache()
     chain, g = Chain(launch_sizes(cfg, n, CHAINS["6 a layer"]), "cuda"), torch.cuda.CUDAGraph()
-    on = torch.cuda.get_device_capability()[0] >= 9  # with PDL, as timed
-    chain(on)  # compiled before the capture (the timing pass ran it too)
+    chain(pdl)  # compiled before the capture (the timing pass ran it too)
     with torch.cuda.graph(g):
-        chain(on)
+        chain(pdl)
     rows = split(n, ours, step_trace.trace(g.replay))
     del chain, g
     torch.cuda.empty_cache()
@@ -180,6 +179,7 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> tuple[list[dict], lis
     """(the chains' rows, the per-kernel split's rows)"""
     device = "cpu" if smoke else "cuda"
     bw = None if smoke else copy_bandwidth()["best"]
+    capable = not smoke and torch.cuda.get_device_capability()[0] >= 9  # PDL: sm_90+
     rows, splits = [], []
     for n in ns:
         w, s = weight_bytes(cfg, "bfloat16"), 2 * n * slot_bytes(cfg, "bfloat16")
@@ -192,7 +192,7 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> tuple[list[dict], lis
         for v, cuts, pdl in cases:
             chain = Chain(launch_sizes(cfg, n, cuts), device)
             launches = len(chain.launches)
-            on = pdl and not smoke and torch.cuda.get_device_capability()[0] >= 9  # PDL: sm_90+
+            on = pdl and capable
             chain(on)
             chain.check()  # on the device, its equality waits for the launches
             us = None if smoke else time_cuda(lambda i: chain(on), target_s=20e-3, reps=15).median_s * 1e6
@@ -200,7 +200,7 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> tuple[list[dict], lis
             print(f"N={n:4d} {v:20s} {launches:3d} launches  {us if us is None else round(us, 1)} us", flush=True)
             del chain
         if not smoke:
-            us, part = ours_step(cfg, n)
+            us, part = ours_step(cfg, n, capable)
             rows.append(row("ours", None, us))
             splits += part
             print(f"N={n:4d} ours: {us:.1f} us, floor {floor:.1f} us", flush=True)

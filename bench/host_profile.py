@@ -349,8 +349,8 @@ def main() -> None:
         print(hot(o.step_fn("decode", [1] * n), args.steps, args.top), flush=True)
     if rb.DEV == "cuda":
         print(gemm_graphs([1, 64, 256], args.steps), flush=True)
-    for n in ns if rb.DEV == "cuda" else ():  # last: after torch.profiler every launch pays for CUPTI
-        print(f"decode N={n} census: {census(o, n)}", flush=True)
+        for n in ns:  # last: after torch.profiler every launch pays for CUPTI
+            print(f"decode N={n} census: {census(o, n)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,13 @@ caller takes the graph's fixed output (`run(..., copy=False)`).
   widened to fp32, one rounding; hc: the streams) into `hidden` [B, D] (plain; hc's is out.x itself) and, where
   the destination is not zero, into its row r for slots[r] >= 0: n = the step's rows, contiguous.
 
+Both kernels keep `plugins/pdl.py`'s rule (they wait for the previous kernel before their first load or store) and
+take its launch keywords: inside `pdl.scope()`, which `graphs._capture` opens around them, the first layer's norm
+is launched while `rows_in` runs and `rows_out` while the last out_proj runs, as the layers' kernels are. On the H100
+(2026-12-05, bench/results/2026-12-05-io-pdl-h100.md) the static step's wall went from 147.9 / 214.4 / 564.2 / 1735
+us without to 146.0 / 212.9 / 561.6 / 1734 with at N = 1 / 8 / 64 / 256 (first of two interleaved rounds; the
+second alike): 1-2 us, in every pair.
+
 What the host must keep (`addresses`): the source rows 16-byte aligned with a row stride of whole 16-byte units and
 unit stride along a row, not overlapping the fixed x (else it copies by torch, as without these kernels); the
 destination a fresh contiguous [n, D] tensor. Both are read or written when the replay runs, in stream order, as
@@ -76,16 +83,6 @@ def _rows_out_kernel(io, slots, x, res, hidden, D, s_x, s_r, HAS_RES: tl.constex
             tl.store(out + off, v, mask=m)
 
 
-def _pdl(device: torch.device) -> dict:
-    """PDL launch keywords (`plugins/pdl.py`, whose rule both kernels keep: they wait for the previous kernel before
-    their first load or store): the first layer's norm is launched while `rows_in` runs, and `rows_out` while the
-    last out_proj runs, as the layers' kernels are. On the H100 (2026-12-05, bench/results/README.md) the static
-    step's wall went from 147.9 / 214.4 / 564.2 / 1735 us to 146.0 / 212.9 / 561.6 / 1734 at N = 1 / 8 / 64 / 256
-    (first of two interleaved rounds; the second alike): 1-2 us, in every pair."""
-    with pdl.scope():
-        return pdl.options(device)
-
-
 def _grid(t: Tensor) -> tuple[int, int]:
     return t.shape[0], triton.cdiv(t.shape[1], BLOCK)
 
@@ -93,7 +90,7 @@ def _grid(t: Tensor) -> tuple[int, int]:
 def rows_in(io: Tensor, slots: Tensor, x: Tensor) -> None:
     """See the module docstring. io [3] int64, slots [B] int32, x [B, D] contiguous (the graph's fixed input)."""
     _rows_in_kernel[_grid(x)](io, slots, x, x.shape[1], VEC=16 // x.element_size(), BLOCK=BLOCK, num_warps=4,
-                              **_pdl(x.device))
+                              **pdl.options(x.device))
 
 
 def rows_out(io: Tensor, slots: Tensor, out: Packed) -> Tensor:
@@ -102,7 +99,7 @@ def rows_out(io: Tensor, slots: Tensor, out: Packed) -> Tensor:
     x, res = (t if t is None or t.stride(1) == 1 else t.contiguous() for t in (out.x, out.residual))
     hidden, r = (x, x) if res is None else (x.new_empty(x.shape), res)
     _rows_out_kernel[_grid(x)](io, slots, x, r, hidden, x.shape[1], x.stride(0), r.stride(0),
-                               HAS_RES=res is not None, BLOCK=BLOCK, num_warps=4, **_pdl(x.device))
+                               HAS_RES=res is not None, BLOCK=BLOCK, num_warps=4, **pdl.options(x.device))
     return hidden
 
 

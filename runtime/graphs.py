@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from gdn_trt.model.modes import LayerMode, StepKind
+from gdn_trt.plugins import pdl
 from gdn_trt.plugins.packing import Packing
 
 from . import graph_io
@@ -218,14 +219,15 @@ class GraphCache:
         side = torch.cuda.Stream(self.stack.pool.device)
         side.wait_stream(torch.cuda.current_stream())
         io, slots = self.pack.io, entry.pack.slots
-        with torch.cuda.stream(side):
+        # the io kernels with PDL, as the stack's layer kernels (graph_io's docstring); warmed as they are captured
+        with torch.cuda.stream(side), pdl.scope():
             for _ in range(2):  # first launches compile / autotune / allocate outside the capture
                 out = self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
             if entry.io:
                 graph_io.warm(io, slots, entry.x, out)
         torch.cuda.current_stream().wait_stream(side)
         seg.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(seg.graph, pool=mempool):
+        with torch.cuda.graph(seg.graph, pool=mempool), pdl.scope():
             if entry.io:
                 graph_io.rows_in(io, slots, entry.x)
             seg.out = self.stack.run(entry.mode, seg.engines, seg.inp, ctx)
