@@ -54,6 +54,8 @@ def ws(x, w, bn, bk, stages, warps, on):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", default="8,64")
+    ap.add_argument("--tiles", default="64,64,4,4;64,64,6,4;128,64,4,4;128,64,4,8;64,128,3,4;128,128,3,8",
+                    help="BN,BK,stages,warps;... (each timed with and without warp specialization)")
     args = ap.parse_args()
     N, K = 12352, 2048
     dt = torch.bfloat16
@@ -64,8 +66,7 @@ def main() -> None:
         ref = F.linear(x, wts[0])
         rows = [("cuBLAS", lambda i: F.linear(x, wts[i % nw])),
                 (f"table {gemm.config_for(M, N)}", lambda i: gemm.launch(x, wts[i % nw], gemm.config_for(M, N)))]
-        for bn, bk, st, wp in ((64, 64, 4, 4), (64, 64, 6, 4), (128, 64, 4, 4), (128, 64, 4, 8), (64, 128, 3, 4),
-                               (128, 128, 3, 8)):
+        for bn, bk, st, wp in (tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")):
             for on in (False, True):
                 rows.append((f"ws={on} BN={bn} BK={bk} stages={st} warps={wp}",
                              lambda i, a=(bn, bk, st, wp, on): ws(x, wts[i % nw], *a)))

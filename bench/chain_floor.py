@@ -13,6 +13,9 @@ bench/runtime.py's stack (4 Qwen3-Next GDN layers, bf16 activations, fp32 state;
 - `1 a layer`: one launch a layer (what a persistent layer kernel could reach);
 - `3 a layer`: the norm with in_proj, the conv with the GDN decode, the gated norm with out_proj;
 - `6 a layer`: the step's six kernels with PDL as the step launches them, and `6 a layer, no PDL`;
+- `1 a layer, 6 phases, R/SM`: one persistent launch a layer of R programs per SM whose phases are the six kernels'
+  bytes with a grid barrier between each two (`PhasedChain`): the structure of a layer megakernel, in which a phase
+  waits for the whole previous phase as a kernel does, but without a launch;
 - `ours`: the step itself, its CUDA graphs replayed back to back (bench/runtime.py's `static` stack, `replay_us`).
 A chain is timed as back-to-back steps captured in one CUDA graph (`common.time_cuda`). `over_floor` is the row's
 time over `floor`; `excess_us` its time less the floor. Writes `<out>/<date>-chain-floor.{json,md,png}`.
@@ -49,6 +52,7 @@ KERNELS = ("norm", "in_proj", "conv", "gdn", "gated_norm", "out_proj")
 # each chain: the kernels before which a new launch starts (the step's kernels in order, layer after layer)
 CHAINS = {"1 launch": frozenset(), "1 a layer": frozenset({"norm"}),
           "3 a layer": frozenset({"norm", "conv", "gated_norm"}), "6 a layer": frozenset(KERNELS)}
+RESIDENT = (4, 8)  # programs per SM of the persistent layer chains (PhasedChain)
 # (no chain merges across layers: in a model the host's MLP or attention runs between two GDN layers, so only this
 # benchmark's stack of GDN layers back to back would have out_proj and the next layer's in_proj adjacent)
 
@@ -98,6 +102,44 @@ class Chain:
             k = min(rd, wr)
             if not torch.equal(dst[:k], src[:k]) or (wr > k and bool(dst[k:].any())):
                 raise AssertionError(f"a stream launch of {rd} / {wr} values wrote something else")
+
+
+class PhasedChain:
+    """A step as one persistent launch a layer (`probes.phased_stream_kernel`) whose six phases are the layer's six
+    kernels' bytes, a grid barrier between each two: what a layer megakernel's structure costs, beside `6 a layer`
+    (six launches, PDL) and `1 a layer` (the layer's bytes in one launch, no barrier). `resident` programs per SM, all
+    of them resident (the barrier needs every program running: 256 threads each, at most 8 an SM)."""
+
+    def __init__(self, sizes: list[tuple[int, int]], device: str, resident: int):
+        n_ph = len(KERNELS)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device == "cuda" else 1
+        self.programs = sms * resident if device == "cuda" else 1  # the interpreter runs programs one by one
+        self.layers = []
+        for i in range(0, len(sizes), n_ph):
+            part = [(r // 16 * 16, w // 16 * 16) for r, w in sizes[i:i + n_ph]]  # the kernel's vectors: < 64 B less
+            pad = lambda v: -(-v // BLOCK) * BLOCK  # noqa: E731 - each phase's buffers start at a whole block
+            offs = torch.tensor([[sum(pad(r) for r, _ in part[:k]), sum(pad(w) for _, w in part[:k]), r, w]
+                                 for k, (r, w) in enumerate(part)], dtype=torch.int64, device=device)
+            rd, wr = sum(pad(r) for r, _ in part), sum(pad(w) for _, w in part)
+            self.layers.append((torch.randn(rd, device=device), torch.empty(wr, device=device), offs,
+                                torch.zeros(2, dtype=torch.int32, device=device), part))
+
+    def __call__(self, pdl: bool) -> None:
+        kw = {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
+        for src, dst, offs, bar, _ in self.layers:
+            probes.phased_stream_kernel[(self.programs,)](src, dst, offs, bar, self.programs, PHASES=len(KERNELS),
+                                                          BLOCK=BLOCK, num_warps=WARPS, **kw)
+
+    def check(self) -> None:
+        """Every phase wrote its first values from its source (zeros past what it read); the barrier's count is
+        back at 0."""
+        for src, dst, offs, bar, part in self.layers:
+            for (s0, d0, _, _), (rd, wr) in zip(offs.tolist(), part):
+                k = min(rd, wr)
+                if not torch.equal(dst[d0:d0 + k], src[s0:s0 + k]) or (wr > k and bool(dst[d0 + k:d0 + wr].any())):
+                    raise AssertionError(f"a phase of {rd} / {wr} values wrote something else")
+            if int(bar[0]) != 0:
+                raise AssertionError(f"the grid barrier's count was left at {int(bar[0])}")
 
 
 ROLES = ("head", *KERNELS, "other")
@@ -189,9 +231,14 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> tuple[list[dict], lis
                                        "excess_us": us - floor if floor and us else None}
         rows.append(row("floor", 0, floor))
         cases = [(v, cuts, True) for v, cuts in CHAINS.items()] + [("6 a layer, no PDL", CHAINS["6 a layer"], False)]
+        cases += [(f"1 a layer, 6 phases, {r}/SM", r, True) for r in RESIDENT]
         for v, cuts, pdl in cases:
-            chain = Chain(launch_sizes(cfg, n, cuts), device)
-            launches = len(chain.launches)
+            if isinstance(cuts, int):  # a persistent launch a layer, `cuts` programs per SM
+                chain = PhasedChain(launch_sizes(cfg, n, CHAINS["6 a layer"]), device, cuts)
+                launches = len(chain.layers)
+            else:
+                chain = Chain(launch_sizes(cfg, n, cuts), device)
+                launches = len(chain.launches)
             on = pdl and capable
             chain(on)
             chain.check()  # on the device, its equality waits for the launches

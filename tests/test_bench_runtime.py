@@ -182,4 +182,6 @@ def test_chain_floor_moves_the_steps_bytes(runtime_bench, tmp_path):
     assert [(r["n"], r["variant"], r["launches"]) for r in rows] == [
         (n, v, k) for n in (1, 3) for v, k in (("floor", 0), ("1 launch", 1), ("1 a layer", layers),
                                                ("3 a layer", 3 * layers), ("6 a layer", 6 * layers),
-                                               ("6 a layer, no PDL", 6 * layers))]
+                                               ("6 a layer, no PDL", 6 * layers),
+                                               *((f"1 a layer, 6 phases, {r}/SM", layers)
+                                                 for r in chain_floor.RESIDENT))]
