@@ -52,7 +52,7 @@ KERNELS = ("norm", "in_proj", "conv", "gdn", "gated_norm", "out_proj")
 # each chain: the kernels before which a new launch starts (the step's kernels in order, layer after layer)
 CHAINS = {"1 launch": frozenset(), "1 a layer": frozenset({"norm"}),
           "3 a layer": frozenset({"norm", "conv", "gated_norm"}), "6 a layer": frozenset(KERNELS)}
-RESIDENT = (4, 8)  # programs per SM of the persistent layer chains (PhasedChain)
+RESIDENT = (1, 2, 4)  # programs per SM of the persistent layer chains (PhasedChain)
 # (no chain merges across layers: in a model the host's MLP or attention runs between two GDN layers, so only this
 # benchmark's stack of GDN layers back to back would have out_proj and the next layer's in_proj adjacent)
 
@@ -108,16 +108,19 @@ class PhasedChain:
     """A step as one persistent launch a layer (`probes.phased_stream_kernel`) whose six phases are the layer's six
     kernels' bytes, a grid barrier between each two: what a layer megakernel's structure costs, beside `6 a layer`
     (six launches, PDL) and `1 a layer` (the layer's bytes in one launch, no barrier). `resident` programs per SM, all
-    of them resident (the barrier needs every program running: 256 threads each, at most 8 an SM)."""
+    of them resident (the barrier needs every program running: 8 an SM hung on the H200, 2026-12-05, the registers
+    of 8 x 256 threads exceeding the SM's), each holding 64 KB / `resident` of loads in flight (16 KB at 4 an SM, the
+    stream kernel's block)."""
 
     def __init__(self, sizes: list[tuple[int, int]], device: str, resident: int):
         n_ph = len(KERNELS)
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device == "cuda" else 1
         self.programs = sms * resident if device == "cuda" else 1  # the interpreter runs programs one by one
+        self.block = BLOCK * 4 // resident  # 64 KB of loads in flight an SM whatever `resident`
         self.layers = []
         for i in range(0, len(sizes), n_ph):
             part = [(r // 16 * 16, w // 16 * 16) for r, w in sizes[i:i + n_ph]]  # the kernel's vectors: < 64 B less
-            pad = lambda v: -(-v // BLOCK) * BLOCK  # noqa: E731 - each phase's buffers start at a whole block
+            pad = lambda v: -(-v // self.block) * self.block  # noqa: E731 - each phase's buffers at a whole block
             offs = torch.tensor([[sum(pad(r) for r, _ in part[:k]), sum(pad(w) for _, w in part[:k]), r, w]
                                  for k, (r, w) in enumerate(part)], dtype=torch.int64, device=device)
             rd, wr = sum(pad(r) for r, _ in part), sum(pad(w) for _, w in part)
@@ -128,7 +131,7 @@ class PhasedChain:
         kw = {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
         for src, dst, offs, bar, _ in self.layers:
             probes.phased_stream_kernel[(self.programs,)](src, dst, offs, bar, self.programs, PHASES=len(KERNELS),
-                                                          BLOCK=BLOCK, num_warps=WARPS, **kw)
+                                                          BLOCK=self.block, num_warps=WARPS, **kw)
 
     def check(self) -> None:
         """Every phase wrote its first values from its source (zeros past what it read); the barrier's count is
@@ -217,8 +220,8 @@ def ours_step(cfg: GdnConfig, n: int, pdl: bool) -> tuple[float, list[dict]]:
     return us, rows
 
 
-def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> tuple[list[dict], list[dict]]:
-    """(the chains' rows, the per-kernel split's rows)"""
+def measure(cfg: GdnConfig, ns: list[int], smoke: bool, only: set[str] | None = None) -> tuple[list[dict], list[dict]]:
+    """(the chains' rows, the per-kernel split's rows); `only`: those chains and not the step"""
     device = "cpu" if smoke else "cuda"
     bw = None if smoke else copy_bandwidth()["best"]
     capable = not smoke and torch.cuda.get_device_capability()[0] >= 9  # PDL: sm_90+
@@ -232,7 +235,7 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> tuple[list[dict], lis
         rows.append(row("floor", 0, floor))
         cases = [(v, cuts, True) for v, cuts in CHAINS.items()] + [("6 a layer, no PDL", CHAINS["6 a layer"], False)]
         cases += [(f"1 a layer, 6 phases, {r}/SM", r, True) for r in RESIDENT]
-        for v, cuts, pdl in cases:
+        for v, cuts, pdl in [c for c in cases if only is None or c[0] in only]:
             if isinstance(cuts, int):  # a persistent launch a layer, `cuts` programs per SM
                 chain = PhasedChain(launch_sizes(cfg, n, CHAINS["6 a layer"]), device, cuts)
                 launches = len(chain.layers)
@@ -246,7 +249,7 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool) -> tuple[list[dict], lis
             rows.append(row(v, launches, us))
             print(f"N={n:4d} {v:20s} {launches:3d} launches  {us if us is None else round(us, 1)} us", flush=True)
             del chain
-        if not smoke:
+        if not smoke and only is None:
             us, part = ours_step(cfg, n, capable)
             rows.append(row("ours", None, us))
             splits += part
@@ -270,11 +273,13 @@ def main() -> None:
     ap.add_argument("--n", default="64,256")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, each chain run once and checked")
+    ap.add_argument("--chains", help="only these chains (names separated by ;), and not the step")
     args = ap.parse_args()
     import runtime as rb
 
     cfg = rb.configs(args.smoke)["static"]
-    rows, splits = measure(cfg, [int(v) for v in args.n.split(",")], args.smoke)
+    rows, splits = measure(cfg, [int(v) for v in args.n.split(",")], args.smoke,
+                           set(args.chains.split(";")) if args.chains else None)
     meta = {"device": "cpu (smoke: no timing)"} if args.smoke else device_info()
     paths = write_results("chain-floor", rows, meta, ["n", "variant", "launches", "us", "over_floor", "excess_us"],
                           None if args.smoke else plot, args.out)
