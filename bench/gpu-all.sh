@@ -2,7 +2,7 @@
 # One device call: the GPU tests, then the benchmarks, each stage under its own time limit, logs under $OUT.
 #   run(command="source bench/gpu-prelude.sh; bash bench/gpu-all.sh [stages]", carry=[".whl"])
 # stages (default: tests kernels): tests kernels lora runtime gluon conv gemm io norm switches eager chain verify
-# host ws.
+# host.
 # KERNELS_ONLY passes --only to bench/kernels.py, KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384
 # --name kernels-round2"), KERNELS_LIMIT its limit (s).
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
@@ -100,9 +100,6 @@ for s in $stages; do
              ab GDN_TRT_GRAPH_IO i ours,static
              GDN_TRT_GRAPH_IO=1 timeout 100 python bench/host_profile.py --n 1,64,256 --steps 200 --top 1 \
                2>&1 | grep "^decode" ;;
-    # the skinny GEMM's TMA loop with Triton's warp specialization beside cuBLAS and the table's launch (in_proj at
-    # M = 8 and 64; bench/_ws_gemm.py prints a row as each one is timed: a compile that stalls shows where)
-    ws)      (cd bench && timeout 280 python _ws_gemm.py --m 8,64) > "$OUT/ws.log" 2>&1; grep "^M=" "$OUT/ws.log" ;;
     # the skinny GEMM's sweep at the M buckets of GEMM_M (default 1,8,64) with the TMA launches among the
     # candidates (gemm.Config.tma), beside cuBLAS; the table is not rewritten (run --apply-from on its JSON after)
     gemm)    mkdir -p "$OUT/gs"; timeout 280 python bench/gemm.py --sweep --m "${GEMM_M:-1,8,64}" --deadline 200 \
@@ -130,7 +127,7 @@ for s in $stages; do
     # graphs of in_proj's GEMM alone, then the kernels of one replay per bucket)
     host)    timeout 300 python bench/host_profile.py --n 1,8,64,256 --steps 200 --top 6 > "$OUT/host.log" 2>&1
              grep "^decode\|^linear\|^skinny\|^copy" "$OUT/host.log" ;;
-    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain verify host ws)"
+    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain verify host)"
        exit 2 ;;
   esac
 done

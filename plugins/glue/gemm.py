@@ -119,6 +119,9 @@ WIDE_N = 8192  # in_proj-like widths (>= WIDE_N rows: enough N-tiles to fill the
 # decode step (`2026-12-05-gemm-step-tma.md`) it took 20.6 against cuBLAS's 19.7 us and the step 426.4 against
 # 429.6 us with the late trigger (0.993x, inside the 2-3 % between two sessions of one launch), 450.8 with the early
 # one. The M = 64 wide row stays cuBLAS's; the other rows' winners differ from the table's by about 1 %.
+# Warp specialization of the TMA loop (`tl.range(..., warp_specialize=True)`: a producer warp issuing the copies),
+# H100, 2026-12-05 (bench/results/2026-12-05-ws-gemm-h100.txt; the script is at 09d9be9): slower at every tile, in_proj
+# at M = 64 22.3-26.9 us against 20.6-22.4 without it and cuBLAS's 21.5; at M = 8 23.6-24.6 against 20.2-20.8.
 TABLE: tuple[Row, ...] = (
     Row(1, WIDE_N, Config(16, 64, 128, 4, 4), 0.899),  # 14.4 against 16.0 us, 3.52 TB/s
     Row(1, 0, Config(1, 8, 1024, 1, 4, dot=False), 0.810),  # 7.1 against 8.7 us, 2.37 TB/s
