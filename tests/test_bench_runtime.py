@@ -5,6 +5,7 @@ compared across hosts. The script's CPU smoke mode (tiny shapes, nothing measure
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -185,3 +186,21 @@ def test_chain_floor_moves_the_steps_bytes(runtime_bench, tmp_path):
                                                ("6 a layer, no PDL", 6 * layers),
                                                *((f"1 a layer, 6 phases, {r}/SM", layers)
                                                  for r in chain_floor.RESIDENT))]
+
+
+def test_fold_rate_checks_the_kernel_against_torch(runtime_bench, tmp_path):
+    """`bench/fold_rate.py` (accept's fold kernel beside torch's gather and scatter): in CPU smoke mode, under the
+    interpreter, the kernel's pools equal torch's for the stack's state parts (the script raises otherwise) and the
+    bytes it counts are the accepted rows' (2 x n x the 4 layers' conv and SSM rows)."""
+    import os
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(BENCH / "fold_rate.py"), "--smoke", "--n", "1,3", "--out",
+                           str(tmp_path)], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
+                          text=True, timeout=600, cwd=BENCH)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cfg = runtime_bench.configs(True)["static"]
+    per_layer = sum(math.prod(s) * b for s, b in ((cfg.conv_state_shape, 2), (cfg.ssm_state_shape, 4)))  # bf16, fp32
+    rows = json.loads(next(tmp_path.glob("*-fold-rate.json")).read_text())["rows"]
+    assert [(r["n"], round(r["mib_moved"] * 2**20)) for r in rows] == [
+        (n, 2 * n * len(cfg.gdn_layer_ids) * per_layer) for n in (1, 3)]
