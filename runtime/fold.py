@@ -6,11 +6,11 @@ two passes over the accepted states (the gather writes a temporary that the scat
 shapes a sequence's fp32 state is 2 MiB a layer, so accepting drafts of 64 sequences in a 4-layer stack moves
 512 MiB: about 0.25 ms at the H200's copy rate once, 0.5 ms twice, next to the 0.96 ms of the verify step itself
 (bench/results/2026-12-04-runtime-twelfth.md), and the 16 launches and two uploads cost the host a CUDA call each.
-Here one kernel reads each accepted row once and writes it once, after one upload of the row pairs. Its grid is
-(sequence, live block): every program copies a block that exists. A grid of (sequence, pair, widest row's blocks)
-gave a conv row's pair 128 programs for its 3 blocks, so about half of the programs returned at once; that form moved
-the 1 GiB of accepting two drafts of each of 64 sequences in 559 us on the H100 (1.92 TB/s against a 3.0 TB/s copy
-rate, bench/results/2026-12-05-eager-profile-h100-b.txt).
+Here one kernel reads each accepted row once and writes it once, after one upload of the row pairs. Alone, accepting
+one of 4 stash rows of each of 64 sequences (1 GiB read and written) took 385 us, 1.06x the copy rate's time, against
+891 us for torch's gather and scatter (H100, 2026-12-05, bench/results/2026-12-05-fold-rate-h100.md). A grid over
+the live blocks only (about half of this grid's programs return at once: a conv row needs 3 of the 128 column blocks
+sized by the widest row) took the same, 387 us (the code is at 09d9be9).
 
 `Table`: per (stash tensor, pool tensor) pair of every layer, the two base addresses and the row length in words,
 built once per session on the device (the stash and the pools never move). The copy is by words of the largest
@@ -34,23 +34,23 @@ BLOCK = 4096  # words per program: 32 per thread at 4 warps
 
 
 @triton.jit(do_not_specialize=["n"])  # one compile for every count of accepted sequences
-def _fold_kernel(table, blocks, pairs, n, WORD: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr):
+def _fold_kernel(table, pairs, n, WORD: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr):
     k = tl.program_id(0)  # the accepted sequence
-    b = tl.program_id(1)  # the live block: (stash, pool) tensor pair t, column block c
-    t = tl.load(blocks + 2 * b)
-    c = tl.load(blocks + 2 * b + 1)
+    t = tl.program_id(1)  # the (stash, pool) tensor pair
+    c = tl.program_id(2)  # the column block
     # VEC words make 16 bytes where every row and base is whole 16-byte vectors (else 1): with the row length known
     # to be a multiple of it, the masks hold per vector and the copies are 16-byte loads and stores
     words = tl.multiple_of(tl.load(table + 3 * t + 2), VEC)
-    cols = c * BLOCK + tl.arange(0, BLOCK)
-    m = cols < words
-    r = tl.load(pairs + k)
-    s = tl.load(pairs + n + k)
-    src = tl.load(table + 3 * t).to(tl.pointer_type(WORD))
-    dst = tl.load(table + 3 * t + 1).to(tl.pointer_type(WORD))
-    at_src = tl.multiple_of(src + r * words, 16 if VEC > 1 else 1)  # a pointer's hint: bytes
-    at_dst = tl.multiple_of(dst + s * words, 16 if VEC > 1 else 1)
-    tl.store(at_dst + cols, tl.load(at_src + cols, mask=m), mask=m)
+    if c * BLOCK < words:
+        cols = c * BLOCK + tl.arange(0, BLOCK)
+        m = cols < words
+        r = tl.load(pairs + k)
+        s = tl.load(pairs + n + k)
+        src = tl.load(table + 3 * t).to(tl.pointer_type(WORD))
+        dst = tl.load(table + 3 * t + 1).to(tl.pointer_type(WORD))
+        at_src = tl.multiple_of(src + r * words, 16 if VEC > 1 else 1)  # a pointer's hint: bytes
+        at_dst = tl.multiple_of(dst + s * words, 16 if VEC > 1 else 1)
+        tl.store(at_dst + cols, tl.load(at_src + cols, mask=m), mask=m)
 
 
 _WORDS = {4: tl.int32, 2: tl.int16, 1: tl.int8}
@@ -58,13 +58,12 @@ _WORDS = {4: tl.int32, 2: tl.int16, 1: tl.int8}
 
 @dataclass(frozen=True)
 class Table:
-    """The device table [pairs, 3] int64 (stash base, pool base, words per row), its live blocks [blocks, 2] int32
-    (pair, column block: BLOCK-word blocks of each pair's row, the pairs in order), the word size in bytes and
-    whether every row and base is a whole number of 16-byte vectors."""
+    """The device table [pairs, 3] int64 (stash base, pool base, words per row), the word size in bytes, the
+    widest row in words and whether every row and base is a whole number of 16-byte vectors."""
 
     words: Tensor
-    blocks: Tensor
     word: int
+    widest: int
     vec: bool
 
     @staticmethod
@@ -80,18 +79,15 @@ class Table:
         word = next(w for w in (4, 2, 1) if all(b % w == 0 for b in sizes + bases))
         vec = all(b % 16 == 0 for b in sizes + bases)
         rows = [[src.data_ptr(), dst.data_ptr(), b // word] for (src, dst), b in zip(pairs, sizes)]
-        live = [[t, c] for t, (_, _, w) in enumerate(rows) for c in range(triton.cdiv(w, BLOCK))]
-        if len(live) > 65535:  # the grid's second extent
-            raise ValueError(f"fold rows of {len(live)} blocks of {BLOCK} words exceed one launch's 65535")
-        dev = pairs[0][0].device
-        up = lambda v, dt: (torch.tensor(v, dtype=dt).pin_memory().to(dev, non_blocking=True)  # noqa: E731
-                            if dev.type == "cuda" else torch.tensor(v, dtype=dt))  # no stream sync
-        return Table(up(rows, torch.int64), up(live, torch.int32), word, vec)
+        dev, host = pairs[0][0].device, torch.tensor(rows, dtype=torch.int64)
+        words = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host  # no stream sync
+        return Table(words, word, max(b // word for b in sizes), vec)
 
 
 def fold(table: Table, pairs: Tensor) -> None:
     """pairs [2, n] int32 or int64 on the device, contiguous: stash rows, then pool slots (distinct), n >= 1. Every
     table pair's stash row pairs[0, k] is copied to its pool's row pairs[1, k], on the current stream."""
     n = pairs.shape[1]
-    _fold_kernel[(n, table.blocks.shape[0])](table.words, table.blocks, pairs, n, WORD=_WORDS[table.word],
-                                             VEC=16 // table.word if table.vec else 1, BLOCK=BLOCK, num_warps=4)
+    grid = (n, table.words.shape[0], triton.cdiv(table.widest, BLOCK))
+    _fold_kernel[grid](table.words, pairs, n, WORD=_WORDS[table.word], VEC=16 // table.word if table.vec else 1,
+                       BLOCK=BLOCK, num_warps=4)

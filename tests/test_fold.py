@@ -29,13 +29,9 @@ def _pairs(rows: int, slots: int, shapes, dtypes, seed: int = 0):
 
 def test_table_words():
     t = fold.Table.of(_pairs(3, 4, [(2, 64), (3, 8)], [torch.float32, torch.bfloat16]))
-    assert (t.word, t.vec) == (4, True) and t.words[:, 2].tolist() == [128, 12]
-    assert t.blocks.tolist() == [[0, 0], [1, 0]]
+    assert (t.word, t.vec, t.widest) == (4, True, 128) and t.words[:, 2].tolist() == [128, 12]
     t = fold.Table.of(_pairs(3, 4, [(2, 64), (3, 5)], [torch.float32, torch.bfloat16]))  # 30-byte rows
-    assert (t.word, t.vec) == (2, False) and t.words[:, 2].tolist() == [256, 15]
-    # the grid's blocks: only those of each pair's own row (a pair of 2.5 blocks, one of 1, one of 3)
-    t = fold.Table.of(_pairs(3, 4, [(5, fold.BLOCK // 2), (3,), (3, fold.BLOCK)], [torch.float32] * 3))
-    assert t.blocks.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [2, 0], [2, 1], [2, 2]]
+    assert (t.word, t.vec, t.widest) == (2, False, 256) and t.words[:, 2].tolist() == [256, 15]
     t = fold.Table.of(_pairs(3, 4, [(3, 6)], [torch.float32]))  # 72-byte rows: 4-byte words, not 16-byte vectors
     assert (t.word, t.vec) == (4, False)
     src, dst = _pairs(3, 4, [(2, 64)], [torch.float32])[0]
@@ -56,9 +52,9 @@ if not INSIDE:
 
         from gdn_trt.plugins import triton_aot
 
-        sig = {"table": "*i64", "blocks": "*i32", "pairs": "*i64", "n": "i32", "WORD": "constexpr",
-               "VEC": "constexpr", "BLOCK": "constexpr"}
-        attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2)}
+        sig = {"table": "*i64", "pairs": "*i64", "n": "i32", "WORD": "constexpr", "VEC": "constexpr",
+               "BLOCK": "constexpr"}
+        attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
         for word, vec in ((tl.int32, 4), (tl.int16, 8), (tl.int32, 1)):
             k = triton.compile(ASTSource(fold._fold_kernel, sig, attrs=attrs,
                                          constexprs=dict(WORD=word, VEC=vec, BLOCK=fold.BLOCK)),
