@@ -19,7 +19,7 @@ against 2.8 ms (2026-12-04-runtime-twelfth.md), which a dozen launches a layer d
 phases (open, run, close and, for verify, the accept) of steps started on an idle GPU; every call that made the host
 wait for the GPU during one step (`torch.cuda.set_sync_debug_mode`, with the runtime's frames of each); the
 allocator's device allocations (`cudaMalloc` segments) over the timed steps; for verify, the accept of two drafts
-of each sequence with its fold through torch and through `runtime/fold.py`'s kernel (host and device time); then
+of each sequence with its fold through torch and through `runtime/fold.py`'s kernel (host time, events' span); then
 cProfile as above.
 """
 
@@ -221,7 +221,10 @@ def eager_phases(o: "rb.Ours", case: str, steps: int) -> dict[str, float]:
 def accept_cost(o: "rb.Ours", case: str, steps: int, drafts: int = 2) -> dict[str, float]:
     """Accepting `drafts` of each sequence's drafts after a verify step of `case`, with accept's fold through torch
     (a gather and a scatter per layer and state part) and through `runtime/fold.py`'s kernel: medians (us) of the
-    host call, started on an idle GPU, and of its device time (CUDA events around it; 0 on the CPU)."""
+    host call, started on an idle GPU, and of the span of CUDA events around it (0 on the CPU). On an idle GPU the
+    first event completes at once, so the span is the call's host time up to its last launch plus what the device
+    does after it, not the device time (2026-12-05, H100: a span of 559 us for a fold kernel of 385 us alone,
+    bench/fold_rate.py)."""
     from gdn_trt.runtime import stack
 
     kind, lengths = rb.CASES[case]
@@ -249,7 +252,7 @@ def accept_cost(o: "rb.Ours", case: str, steps: int, drafts: int = 2) -> dict[st
                 rb.sync()
                 dev.append(ev[0].elapsed_time(ev[1]) * 1e3 if cuda else 0.0)
             tag = "kernel" if on else "torch"
-            out[f"{tag} host"], out[f"{tag} device"] = statistics.median(host[2:]), statistics.median(dev[2:])
+            out[f"{tag} host"], out[f"{tag} span"] = statistics.median(host[2:]), statistics.median(dev[2:])
     finally:
         stack.FOLD_KERNEL = was
     return out

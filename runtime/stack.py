@@ -32,8 +32,9 @@ from .tp import RankTp
 RowsFn = Callable[[int], Tensor]  # layer index -> PLE rows [T, heads, d_h] of the step, staged on first call
 # accept's fold on a GPU as one launch of `fold.py`'s kernel (each accepted row read and written once) instead of a
 # gather and a scatter per layer and state part. On: accepting 2 drafts of each of 64 verified sequences (4 Qwen3-Next
-# layers, H200, 2026-12-05, bench/host_profile.py --eager) took 231 us of host and 483 us of device time against
-# torch's 438 and 977. GDN_TRT_FOLD_KERNEL=0 turns it off.
+# layers, H200, 2026-12-05, bench/host_profile.py --eager) took 231 us of host time and a 483 us span of events
+# around it against torch's 438 and 977; alone the kernel took 385 us against torch's 891 (H100,
+# bench/fold_rate.py). GDN_TRT_FOLD_KERNEL=0 turns it off.
 FOLD_KERNEL = os.environ.get("GDN_TRT_FOLD_KERNEL", "1") == "1"
 _PARTS = ("conv", "ssm", "ple_conv")
 

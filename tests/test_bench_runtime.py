@@ -123,7 +123,7 @@ def test_host_profile_eager_phases_smoke(runtime_bench):
 
         was = stack.FOLD_KERNEL
         a = host_profile.accept_cost(o, "verify 64x4", 1)
-        assert list(a) == ["torch host", "torch device", "kernel host", "kernel device"] and stack.FOLD_KERNEL == was
+        assert list(a) == ["torch host", "torch span", "kernel host", "kernel span"] and stack.FOLD_KERNEL == was
         assert a["torch host"] > 0 and a["kernel host"] > 0
     finally:
         sys.modules.pop("host_profile", None)
