@@ -108,8 +108,8 @@ class PhasedChain:
     """A step as one persistent launch a layer (`probes.phased_stream_kernel`) whose six phases are the layer's six
     kernels' bytes, a grid barrier between each two: what a layer megakernel's structure costs, beside `6 a layer`
     (six launches, PDL) and `1 a layer` (the layer's bytes in one launch, no barrier). `resident` programs per SM, all
-    of them resident (the barrier needs every program running: 8 an SM hung on the H200, 2026-12-05, the registers
-    of 8 x 256 threads exceeding the SM's), each holding 64 KB / `resident` of loads in flight (16 KB at 4 an SM, the
+    of them resident (the barrier needs every program running: with 8 an SM the H200's run never passed the first
+    barrier and was cut, 2026-12-05), each holding 64 KB / `resident` of loads in flight (16 KB at 4 an SM, the
     stream kernel's block)."""
 
     def __init__(self, sizes: list[tuple[int, int]], device: str, resident: int):

@@ -21,7 +21,9 @@ Stacks (4 GDN layers, bf16 activations, fp32 state, synthetic weights; the sessi
          without `causal_conv1d` is HF's torch path): the same shapes and inputs, varlen as a batch of 16 x 1024.
 
 Per (stack, case): `wall_us` per step (back-to-back steps between two synchronisations); `enqueue_us`, the duration
-of a step's call started on an idle GPU (the host's own cost: open, layer calls or replay, close); `device_us`,
+of a step's call started on an idle GPU (the host's own cost: open, layer calls or replay, close), and
+`enqueue_cpu_us` the calling thread's CPU time in it (below the duration where the thread waited: descheduled, or
+blocked in a call; about equal where the host computed slowly); `device_us`,
 the time per step the device has a kernel of the step running, from torch.profiler (the union of the kernels'
 intervals: with programmatic dependent launch, `plugins/pdl.py`, a kernel starts inside the one before it, so the
 sum of their times, `kernel_sum_us`, counts the overlap twice), and the kernels' time per category (`gemm`, `gdn`,
@@ -93,6 +95,7 @@ class Row:
     case: str
     wall_us: float = float("nan")
     enqueue_us: float = float("nan")
+    enqueue_cpu_us: float = float("nan")
     device_us: float = float("nan")
     kernel_sum_us: float = float("nan")
     replay_us: float | None = None
@@ -176,9 +179,11 @@ def union_ns(spans: list[tuple[int, int, str]]) -> int:
 IDLE_CALLS = 100  # 10 before 2026-12-03: the medians of two runs then differed by up to 20 us (host jitter)
 
 
-def timed(fn, steps: int) -> tuple[float, float]:
+def timed(fn, steps: int) -> tuple[float, float, float]:
     """(wall per step over back-to-back steps, median duration of a call started on an idle GPU over IDLE_CALLS
-    calls), in us."""
+    calls, the median CPU time of this thread in those calls), in us. The two medians tell a slow host (CPU time
+    about the duration) from a thread that waited (CPU time below it): the same step's enqueue took 46.8 / 79.0 us
+    at N = 1 / 64 in one process and 19.1 / 33.9 in the next, one call on one H200 (2026-12-05)."""
     for _ in range(3):
         fn()
     sync()
@@ -187,14 +192,15 @@ def timed(fn, steps: int) -> tuple[float, float]:
         fn()
     sync()
     wall = (time.perf_counter() - t0) / steps
-    idle = []
+    idle, cpu = [], []
     for _ in range(IDLE_CALLS if DEV == "cuda" else 3):
         sync()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         fn()
+        cpu.append(time.thread_time() - c)
         idle.append(time.perf_counter() - t)
     sync()
-    return wall * 1e6, statistics.median(idle) * 1e6
+    return wall * 1e6, statistics.median(idle) * 1e6, statistics.median(cpu) * 1e6
 
 
 def categorize(row: Row, kernels: dict[str, float]) -> None:
@@ -297,7 +303,7 @@ def time_ours(o: Ours, stack: str, case: str, steps: int) -> Row:
     fn()  # the first step of a bucket captures its graphs and runs the acceptance gate
     stats = o.sess.stats().kinds
     before = {k: dict(v.paths) for k, v in stats.items()}
-    row.wall_us, row.enqueue_us = timed(fn, steps)
+    row.wall_us, row.enqueue_us, row.enqueue_cpu_us = timed(fn, steps)
     row.path = ",".join(sorted({p for k, v in stats.items() for p, c in v.paths.items() if c > before[k].get(p, 0)}))
     if kind in ("decode", "verify") and DEV == "cuda":
         graphs = o.sess.graphs.replayable(len(lengths), verify=kind == "verify")
@@ -364,7 +370,7 @@ class Hf:
 def time_hf(h: Hf, case: str, steps: int) -> Row:
     kind, lengths = CASES[case]
     row = Row("hf", case, path=f"eager ({h.kernels_used()})")
-    row.wall_us, row.enqueue_us = timed(h.step_fn(kind, lengths), steps)
+    row.wall_us, row.enqueue_us, row.enqueue_cpu_us = timed(h.step_fn(kind, lengths), steps)
     return row
 
 
@@ -384,7 +390,7 @@ def _floor(cfg: GdnConfig, case: str) -> tuple[float, float]:
 
 
 # ---- the results ----
-COLUMNS = ["stack", "case", "wall_us", "enqueue_us", "device_us", "kernel_sum_us", "replay_us", "floor_us",
+COLUMNS = ["stack", "case", "wall_us", "enqueue_us", "enqueue_cpu_us", "device_us", "kernel_sum_us", "replay_us", "floor_us",
            "wall_over_device", "device_over_floor", "device_over_kernels", "weights_floor_us", "state_floor_us",
            "gemm_us", "gdn_us", "conv_us", "glue_us", "ple_host_us", "path", "error"]
 
@@ -427,7 +433,8 @@ def reading(rows: list[dict], host_ref: tuple[float, float] | None = None) -> st
             out.append(f"- not measured: ours decode {n}")
             continue
         host_bound = r["enqueue_us"] > r["device_us"]
-        say(r["enqueue_us"] <= 40, f"decode N={n}: host enqueue {r['enqueue_us']:.1f} us <= 40 us",
+        say(r["enqueue_us"] <= 40, f"decode N={n}: host enqueue {r['enqueue_us']:.1f} us "
+            f"({r['enqueue_cpu_us']:.1f} of CPU) <= 40 us",
             "the open (request check) + input copy, graph launch, output copy + close (the commit): "
             "bench/host_profile.py splits them; the `static` row leaves out the two copies")
         say((r["wall_over_device"] or 9) <= 1.1, f"decode N={n}: wall {r['wall_us']:.0f} us <= 1.1 x device "
@@ -440,7 +447,8 @@ def reading(rows: list[dict], host_ref: tuple[float, float] | None = None) -> st
         st = _get(rows, "static", f"decode {n}")
         if st:
             say(st["enqueue_us"] <= 40, f"decode N={n}, input and output in place: host enqueue "
-                f"{st['enqueue_us']:.1f} us <= 40 us; wall / device {st['wall_over_device'] or 0:.2f}",
+                f"{st['enqueue_us']:.1f} us ({st['enqueue_cpu_us']:.1f} of CPU) <= 40 us; wall / device "
+                f"{st['wall_over_device'] or 0:.2f}",
                 "the open (request check) + graph launch + close (the commit): host speed varies up to 2x between "
                 "H200 hosts (the host reference above; bench/host_profile.py splits the phases)")
         d = _get(rows, "dict", f"decode {n}")

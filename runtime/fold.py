@@ -7,10 +7,10 @@ shapes a sequence's fp32 state is 2 MiB a layer, so accepting drafts of 64 seque
 512 MiB: about 0.25 ms at the H200's copy rate once, 0.5 ms twice, next to the 0.96 ms of the verify step itself
 (bench/results/2026-12-04-runtime-twelfth.md), and the 16 launches and two uploads cost the host a CUDA call each.
 Here one kernel reads each accepted row once and writes it once, after one upload of the row pairs. Alone, accepting
-one of 4 stash rows of each of 64 sequences (1 GiB read and written) took 385 us, 1.06x the copy rate's time, against
-891 us for torch's gather and scatter (H100, 2026-12-05, bench/results/2026-12-05-fold-rate-h100.md). A grid over
-the live blocks only (about half of this grid's programs return at once: a conv row needs 3 of the 128 column blocks
-sized by the widest row) took the same, 387 us (the code is at 09d9be9).
+one of 4 stash rows of each of 64 sequences (524 MiB read, as much written) took 385 us, 1.06x the copy rate's time,
+against 891 us for torch's gather and scatter (H100, 2026-12-05, bench/results/2026-12-05-fold-rate-h100.md). A
+grid over the live blocks only (about half of this grid's programs return at once: a conv row needs 3 of the 128
+column blocks sized by the widest row) took the same, 387 us (the code is at 09d9be9).
 
 `Table`: per (stash tensor, pool tensor) pair of every layer, the two base addresses and the row length in words,
 built once per session on the device (the stash and the pools never move). The copy is by words of the largest
