@@ -13,8 +13,8 @@ table's M = 64 tiling (BN 64, BK 64, 4 stages, 4 warps, pointer loads), weights 
 - `x once`: the same loop, the x tile loaded once before it and reused at every K step (not a product: the weight
   stream and the MMAs, pipelined through shared memory as the GEMM's, without the x traffic).
 Each with the weight's bytes over its time (TB/s). (A loop summing the weight tiles without MMAs compiled to
-register loads outside the shared-memory pipeline, one tile in flight a program: not the same stream, left out.) --smoke: CPU, under TRITON_INTERPRET=1, tiny shapes, the `gemm`
-row checked against F.linear, nothing timed.
+register loads outside the shared-memory pipeline, one tile in flight a program: not the same stream, left out.)
+--smoke: CPU, under TRITON_INTERPRET=1, tiny shapes, the `gemm` row checked against F.linear, nothing timed.
 """
 
 from __future__ import annotations

@@ -131,7 +131,8 @@ for s in $stages; do
     # with its x tile loaded once (bench/_x_traffic.py; under a minute once compiled)
     xtraffic) (cd bench && timeout 200 python _x_traffic.py --m 8,64) > "$OUT/xtraffic.log" 2>&1
               grep "^M=" "$OUT/xtraffic.log" || tail -5 "$OUT/xtraffic.log" ;;
-    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain verify host xtraffic)"
+    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain verify host"\
+            "xtraffic)"
        exit 2 ;;
   esac
 done
