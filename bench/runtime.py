@@ -391,8 +391,8 @@ def _floor(cfg: GdnConfig, case: str) -> tuple[float, float]:
 
 # ---- the results ----
 COLUMNS = ["stack", "case", "wall_us", "enqueue_us", "enqueue_cpu_us", "device_us", "kernel_sum_us", "replay_us",
-           "floor_us", "wall_over_device", "device_over_floor", "device_over_kernels", "weights_floor_us", "state_floor_us",
-           "gemm_us", "gdn_us", "conv_us", "glue_us", "ple_host_us", "path", "error"]
+           "floor_us", "wall_over_device", "device_over_floor", "device_over_kernels", "weights_floor_us",
+           "state_floor_us", "gemm_us", "gdn_us", "conv_us", "glue_us", "ple_host_us", "path", "error"]
 
 
 def _get(rows: list[dict], stack: str, case: str) -> dict | None:
