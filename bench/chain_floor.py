@@ -84,11 +84,19 @@ def launch_sizes(cfg: GdnConfig, n: int, cuts: frozenset[str]) -> list[tuple[int
     return [(rd // 4, wr // 4) for rd, wr in sizes]
 
 
+def _check_copy(src: torch.Tensor, dst: torch.Tensor, rd: int, wr: int, what: str) -> None:
+    """dst's first wr values are src's first rd, zeros past them (what a stream launch or phase writes)."""
+    k = min(rd, wr)
+    if not torch.equal(dst[:k], src[:k]) or (wr > k and bool(dst[k:wr].any())):
+        raise AssertionError(f"{what} of {rd} / {wr} values wrote something else")
+
+
 class Chain:
     """A step as stream launches of the given sizes, each on buffers of its own."""
 
     def __init__(self, sizes: list[tuple[int, int]], device: str):
         self.launches = [(torch.randn(rd, device=device), torch.empty(wr, device=device), rd, wr) for rd, wr in sizes]
+        self.count = len(self.launches)
 
     def __call__(self, pdl: bool) -> None:
         kw = {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
@@ -99,9 +107,7 @@ class Chain:
     def check(self) -> None:
         """Every launch wrote its first values from its source (zeros past what it read)."""
         for src, dst, rd, wr in self.launches:
-            k = min(rd, wr)
-            if not torch.equal(dst[:k], src[:k]) or (wr > k and bool(dst[k:].any())):
-                raise AssertionError(f"a stream launch of {rd} / {wr} values wrote something else")
+            _check_copy(src, dst, rd, wr, "a stream launch")
 
 
 class PhasedChain:
@@ -117,30 +123,29 @@ class PhasedChain:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device == "cuda" else 1
         self.programs = sms * resident if device == "cuda" else 1  # the interpreter runs programs one by one
         self.block = BLOCK * 4 // resident  # 64 KB of loads in flight an SM whatever `resident`
+        pad = lambda v: -(-v // self.block) * self.block  # noqa: E731 - each phase's buffers at a whole block
         self.layers = []
         for i in range(0, len(sizes), n_ph):
             part = [(r // 16 * 16, w // 16 * 16) for r, w in sizes[i:i + n_ph]]  # the kernel's vectors: < 64 B less
-            pad = lambda v: -(-v // self.block) * self.block  # noqa: E731 - each phase's buffers at a whole block
             offs = torch.tensor([[sum(pad(r) for r, _ in part[:k]), sum(pad(w) for _, w in part[:k]), r, w]
                                  for k, (r, w) in enumerate(part)], dtype=torch.int64, device=device)
             rd, wr = sum(pad(r) for r, _ in part), sum(pad(w) for _, w in part)
             self.layers.append((torch.randn(rd, device=device), torch.empty(wr, device=device), offs,
                                 torch.zeros(2, dtype=torch.int32, device=device), part))
+        self.count = len(self.layers)
 
     def __call__(self, pdl: bool) -> None:
         kw = {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
         for src, dst, offs, bar, _ in self.layers:
-            probes.phased_stream_kernel[(self.programs,)](src, dst, offs, bar, self.programs, PHASES=len(KERNELS),
-                                                          BLOCK=self.block, num_warps=WARPS, **kw)
+            probes.phased_stream_kernel[(self.programs,)](src, dst, offs, bar, PHASES=len(KERNELS), BLOCK=self.block,
+                                                          num_warps=WARPS, **kw)
 
     def check(self) -> None:
         """Every phase wrote its first values from its source (zeros past what it read); the barrier's count is
         back at 0."""
         for src, dst, offs, bar, part in self.layers:
             for (s0, d0, _, _), (rd, wr) in zip(offs.tolist(), part):
-                k = min(rd, wr)
-                if not torch.equal(dst[d0:d0 + k], src[s0:s0 + k]) or (wr > k and bool(dst[d0 + k:d0 + wr].any())):
-                    raise AssertionError(f"a phase of {rd} / {wr} values wrote something else")
+                _check_copy(src[s0:], dst[d0:], rd, wr, "a phase")
             if int(bar[0]) != 0:
                 raise AssertionError(f"the grid barrier's count was left at {int(bar[0])}")
 
@@ -233,15 +238,13 @@ def measure(cfg: GdnConfig, ns: list[int], smoke: bool, only: set[str] | None = 
                                        "over_floor": us / floor if floor and us else None,
                                        "excess_us": us - floor if floor and us else None}
         rows.append(row("floor", 0, floor))
-        cases = [(v, cuts, True) for v, cuts in CHAINS.items()] + [("6 a layer, no PDL", CHAINS["6 a layer"], False)]
-        cases += [(f"1 a layer, 6 phases, {r}/SM", r, True) for r in RESIDENT]
-        for v, cuts, pdl in [c for c in cases if only is None or c[0] in only]:
-            if isinstance(cuts, int):  # a persistent launch a layer, `cuts` programs per SM
-                chain = PhasedChain(launch_sizes(cfg, n, CHAINS["6 a layer"]), device, cuts)
-                launches = len(chain.layers)
-            else:
-                chain = Chain(launch_sizes(cfg, n, cuts), device)
-                launches = len(chain.launches)
+        six = launch_sizes(cfg, n, CHAINS["6 a layer"])
+        cases = [(v, lambda c=cuts: Chain(launch_sizes(cfg, n, c), device), True) for v, cuts in CHAINS.items()]
+        cases += [("6 a layer, no PDL", lambda: Chain(six, device), False)]
+        cases += [(f"1 a layer, 6 phases, {r}/SM", lambda r=r: PhasedChain(six, device, r), True) for r in RESIDENT]
+        for v, make, pdl in [c for c in cases if only is None or c[0] in only]:
+            chain = make()
+            launches = chain.count
             on = pdl and capable
             chain(on)
             chain.check()  # on the device, its equality waits for the launches

@@ -180,13 +180,13 @@ def stream_kernel(src, dst, n_rd, n_wr, BLOCK: tl.constexpr, PDL: tl.constexpr):
 
 
 @triton.jit
-def grid_sync(bar, P):
-    """Every one of the P programs (all resident) has arrived and its stores are visible: a sense-reversing
+def grid_sync(bar):
+    """Every program of the grid (all resident) has arrived and its stores are visible: a sense-reversing
     barrier on bar[0] (arrivals, left at 0) and bar[1] (generation). The last to arrive resets the count, then bumps
     the generation (release); the others spin on it (acquire)."""
     tl.debug_barrier()  # every thread's stores precede the arrival
     gen = tl.atomic_add(bar + 1, 0, sem="acquire", scope="gpu")
-    if tl.atomic_add(bar, 1, sem="acq_rel", scope="gpu") == P - 1:
+    if tl.atomic_add(bar, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
         tl.atomic_xchg(bar, 0, sem="relaxed", scope="gpu")
         tl.atomic_add(bar + 1, 1, sem="release", scope="gpu")
     else:
@@ -196,14 +196,14 @@ def grid_sync(bar, P):
 
 
 @triton.jit
-def phased_stream_kernel(src, dst, sizes, bar, P, PHASES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def phased_stream_kernel(src, dst, sizes, bar, PHASES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One launch of PHASES streaming phases with a grid barrier between each two: phase i reads
     sizes[i, 2] fp32 values from src + sizes[i, 0] and writes sizes[i, 3] at dst + sizes[i, 1] (zeros past what it
-    read), block b of it by program b % P. The P programs must all be resident (grid = SMs x programs an SM holds),
-    or the barrier never opens. bench/chain_floor.py's persistent layer: the step's six kernels as phases of one
+    read), block b of it by program b % P of the P programs. They must all be resident (grid = SMs x programs an SM
+    holds), or the barrier never opens. bench/chain_floor.py's persistent layer: the step's six kernels as phases of one
     launch a layer."""
     pdl.enter(PDL)
-    pid = tl.program_id(0)
+    pid, P = tl.program_id(0), tl.num_programs(0)
     for ph in tl.static_range(PHASES):
         s0 = tl.multiple_of(tl.load(sizes + 4 * ph), BLOCK)  # offsets padded to whole blocks: 16-byte vectors
         d0 = tl.multiple_of(tl.load(sizes + 4 * ph + 1), BLOCK)
@@ -214,4 +214,4 @@ def phased_stream_kernel(src, dst, sizes, bar, P, PHASES: tl.constexpr, BLOCK: t
             v = tl.load(src + s0 + o, mask=o < n_rd, other=0.0, eviction_policy="evict_first")
             tl.store(dst + d0 + o, v, mask=o < n_wr, cache_modifier=".cs")
         if ph < PHASES - 1:
-            grid_sync(bar, P)
+            grid_sync(bar)
