@@ -2,7 +2,7 @@
 # One device call: the GPU tests, then the benchmarks, each stage under its own time limit, logs under $OUT.
 #   run(command="source bench/gpu-prelude.sh; bash bench/gpu-all.sh [stages]", carry=[".whl"])
 # stages (default: tests kernels): tests kernels lora runtime gluon conv gemm io norm switches eager chain verify
-# host xtraffic.
+# host.
 # KERNELS_ONLY passes --only to bench/kernels.py, KERNELS_ARGS more of its arguments (e.g. "--prefill-T 16384
 # --name kernels-round2"), KERNELS_LIMIT its limit (s).
 # `-v` makes xdist print one line per finished test, so a stage cut by its limit still shows which tests passed
@@ -127,12 +127,7 @@ for s in $stages; do
     # graphs of in_proj's GEMM alone, then the kernels of one replay per bucket)
     host)    timeout 300 python bench/host_profile.py --n 1,8,64,256 --steps 200 --top 6 > "$OUT/host.log" 2>&1
              grep "^decode\|^linear\|^skinny\|^copy" "$OUT/host.log" ;;
-    # whether re-reading x from the L2 holds in_proj at M = 64 below the stream rate: the GEMM beside the same loop
-    # with its x tile loaded once (bench/_x_traffic.py; under a minute once compiled)
-    xtraffic) (cd bench && timeout 200 python _x_traffic.py --m 8,64) > "$OUT/xtraffic.log" 2>&1
-              grep "^M=" "$OUT/xtraffic.log" || tail -5 "$OUT/xtraffic.log" ;;
-    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain verify host"\
-            "xtraffic)"
+    *) echo "unknown stage $s (tests kernels lora runtime gluon conv gemm io norm switches eager chain verify host)"
        exit 2 ;;
   esac
 done
