@@ -84,7 +84,7 @@ def main() -> None:
     try:
         for r in rows:  # every row timed before any is profiled (bench/runtime.py: CUPTI stays attached)
             with nopdl(r["launch"]):
-                r["step_us"] = round(rb.timed(fresh(r["launch"]), args.steps)[0], 1)
+                r["step_us"] = round(rb.timed(fresh(r["launch"]), args.steps).wall, 1)
             print(r, flush=True)
         for r in rows:
             with nopdl(r["launch"]):

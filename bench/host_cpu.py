@@ -148,6 +148,17 @@ def _stub_stack() -> tuple:
     return cfg, RuntimeLimits(max_seqs=max(NS) + 1, max_prefill_tokens=64, max_draft=2, graph_buckets=buckets)
 
 
+def probe() -> int:
+    """About 16 us of pure Python on a 2-core CI CPU that touches none of the runtime: timed right after a host call
+    (bench/runtime.py's `timed`), it tells how fast the host ran just then."""
+    return sum(i * i for i in range(400))
+
+
+def probe_us(calls: int = 200) -> float:
+    """The probe's median time (us) with nothing before it: the host at rest."""
+    return _median_us(probe, calls)[0]
+
+
 def static_reference(steps: int = 200) -> tuple[float, float]:
     """(wall, thread CPU) us of the `static` stub step at N = 1: the runtime's own Python around one graph launch,
     a measure of how fast this host runs it (bench/runtime.py reports it beside the host enqueue)."""

@@ -340,7 +340,7 @@ def main() -> None:
             # `timed` measured about 11 us above the phases' whole step in one process (2026-12-05, N = 256): its
             # idle calls follow back-to-back steps, so time it after 20 and after 1, then the phases again after it
             for back in (20, 1):
-                _, idle, _ = rb.timed(o.step_fn("decode", [1] * n, "static"), back)
+                idle = rb.timed(o.step_fn("decode", [1] * n, "static"), back).enqueue
                 print(f"decode N={n} in place, bench/runtime.py's measure (`timed`, after {back} back-to-back "
                       f"steps): enqueue {idle:.1f} us", flush=True)
             print(f"decode N={n} in place, again: " + _fmt(phases(o, n, args.steps, True)), flush=True)

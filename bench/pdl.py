@@ -57,7 +57,7 @@ def measure(name: str, how: dict, ns: list[int], steps: int) -> list[dict]:
             for n in ns:
                 fn = o.step_fn("decode", [1] * n, "static")
                 fn()  # captures the bucket's graphs with this variant's launches and gates them
-                wall = rb.timed(fn, steps)[0]
+                wall = rb.timed(fn, steps).wall
                 graphs = o.sess.graphs.replayable(n) if rb.DEV == "cuda" else None
                 replay = rb.replay_us(graphs) if graphs else float("nan")
                 launch = bare(o, n, 100).get("replay", float("nan")) if graphs else float("nan")

@@ -36,7 +36,8 @@ PLE part of a step's open (hash, cache lookup, staging, upload) timed alone. The
 and name, for each miss, the term that dominates it. The meta's `host_ref_us` is this host's speed at the runtime's
 own Python (`bench/host_cpu.py`'s in-place decode step at N = 1 with the replay stubbed out, taken first): the same
 code's enqueue differed about 2x between two H200 hosts (2026-12-04), so enqueue figures compare across hosts only
-beside it.
+beside it. `probe_us` (column): a pure-Python probe (`host_cpu.probe`) timed right after each idle call, beside its
+time at rest (the meta's `probe_rest_us`): how fast the host ran in the calls' wake.
 
 The run makes two passes over the rows, each with its own stacks: first every row's host and wall figures, then
 every row's device time, because after torch.profiler has run once in a process every CUDA launch pays for CUPTI
@@ -62,7 +63,7 @@ import torch
 # bench/common.py and bench/glue.py: Python puts the script's folder first on sys.path (run as `python bench/...`)
 from common import RESULTS, copy_bandwidth, device_info, write_results
 from glue import category
-from host_cpu import static_reference
+from host_cpu import probe, probe_us, static_reference
 
 from gdn_trt.model.config import PRESETS, GdnConfig
 from gdn_trt.plugins.glue import triton as glue_tri
@@ -96,6 +97,7 @@ class Row:
     wall_us: float = float("nan")
     enqueue_us: float = float("nan")
     enqueue_cpu_us: float = float("nan")
+    probe_us: float = float("nan")  # host_cpu.probe right after each idle call (`timed`)
     device_us: float = float("nan")
     kernel_sum_us: float = float("nan")
     replay_us: float | None = None
@@ -179,11 +181,23 @@ def union_ns(spans: list[tuple[int, int, str]]) -> int:
 IDLE_CALLS = 100  # 10 before 2026-12-03: the medians of two runs then differed by up to 20 us (host jitter)
 
 
-def timed(fn, steps: int) -> tuple[float, float, float]:
-    """(wall per step over back-to-back steps, median duration of a call started on an idle GPU over IDLE_CALLS
-    calls, the median CPU time of this thread in those calls), in us. The two medians tell a slow host (CPU time
-    about the duration) from a thread that waited (CPU time below it): the same step's enqueue took 46.8 / 79.0 us
-    at N = 1 / 64 in one process and 19.1 / 33.9 in the next, one call on one H200 (2026-12-05)."""
+@dataclass(frozen=True)
+class Timed:
+    """`timed`'s figures, in us."""
+
+    wall: float  # per step over back-to-back steps
+    enqueue: float  # median duration of a call started on an idle GPU
+    enqueue_cpu: float  # median CPU time of this thread in those calls
+    probe: float  # median time of host_cpu.probe (pure Python) right after each of those calls
+
+
+def timed(fn, steps: int) -> Timed:
+    """Wall per step over back-to-back steps, then IDLE_CALLS calls each started on an idle GPU (after a
+    synchronize), each followed by `host_cpu.probe`. The enqueue's CPU time tells a slow host (CPU time about the
+    duration) from a thread that waited (CPU time below it); the probe beside its time at rest (`probe_us`) tells
+    how fast the host ran in the calls' wake. On one H100 VM (2026-12-05) the same in-place step at N = 256 took
+    130-150 us in one process while the probe after it took 35-40 against 16 at rest, and 22 us at N = 1 with the
+    probe at 16 (bench/results/2026-12-05-enqueue-warm-h100.txt): the host, not the step's code."""
     for _ in range(3):
         fn()
     sync()
@@ -192,15 +206,19 @@ def timed(fn, steps: int) -> tuple[float, float, float]:
         fn()
     sync()
     wall = (time.perf_counter() - t0) / steps
-    idle, cpu = [], []
+    idle, cpu, after = [], [], []
     for _ in range(IDLE_CALLS if DEV == "cuda" else 3):
         sync()
         t, c = time.perf_counter(), time.thread_time()
         fn()
+        t2 = time.perf_counter()
         cpu.append(time.thread_time() - c)
-        idle.append(time.perf_counter() - t)
+        probe()
+        after.append(time.perf_counter() - t2)
+        idle.append(t2 - t)
     sync()
-    return wall * 1e6, statistics.median(idle) * 1e6, statistics.median(cpu) * 1e6
+    med = statistics.median
+    return Timed(wall * 1e6, med(idle) * 1e6, med(cpu) * 1e6, med(after) * 1e6)
 
 
 def categorize(row: Row, kernels: dict[str, float]) -> None:
@@ -303,7 +321,8 @@ def time_ours(o: Ours, stack: str, case: str, steps: int) -> Row:
     fn()  # the first step of a bucket captures its graphs and runs the acceptance gate
     stats = o.sess.stats().kinds
     before = {k: dict(v.paths) for k, v in stats.items()}
-    row.wall_us, row.enqueue_us, row.enqueue_cpu_us = timed(fn, steps)
+    t = timed(fn, steps)
+    row.wall_us, row.enqueue_us, row.enqueue_cpu_us, row.probe_us = t.wall, t.enqueue, t.enqueue_cpu, t.probe
     row.path = ",".join(sorted({p for k, v in stats.items() for p, c in v.paths.items() if c > before[k].get(p, 0)}))
     if kind in ("decode", "verify") and DEV == "cuda":
         graphs = o.sess.graphs.replayable(len(lengths), verify=kind == "verify")
@@ -370,7 +389,8 @@ class Hf:
 def time_hf(h: Hf, case: str, steps: int) -> Row:
     kind, lengths = CASES[case]
     row = Row("hf", case, path=f"eager ({h.kernels_used()})")
-    row.wall_us, row.enqueue_us, row.enqueue_cpu_us = timed(h.step_fn(kind, lengths), steps)
+    t = timed(h.step_fn(kind, lengths), steps)
+    row.wall_us, row.enqueue_us, row.enqueue_cpu_us, row.probe_us = t.wall, t.enqueue, t.enqueue_cpu, t.probe
     return row
 
 
@@ -390,8 +410,8 @@ def _floor(cfg: GdnConfig, case: str) -> tuple[float, float]:
 
 
 # ---- the results ----
-COLUMNS = ["stack", "case", "wall_us", "enqueue_us", "enqueue_cpu_us", "device_us", "kernel_sum_us", "replay_us",
-           "floor_us", "wall_over_device", "device_over_floor", "device_over_kernels", "weights_floor_us",
+COLUMNS = ["stack", "case", "wall_us", "enqueue_us", "enqueue_cpu_us", "probe_us", "device_us", "kernel_sum_us",
+           "replay_us", "floor_us", "wall_over_device", "device_over_floor", "device_over_kernels", "weights_floor_us",
            "state_floor_us", "gemm_us", "gdn_us", "conv_us", "glue_us", "ple_host_us", "path", "error"]
 
 
@@ -415,14 +435,24 @@ def _over_floor(r: dict, bound: float) -> str:
             f"{max(0.0, r['kernel_sum_us'] - r['device_us']):.0f} us (bench/step_trace.py lists them)")
 
 
-def reading(rows: list[dict], host_ref: tuple[float, float] | None = None) -> str:
+def reading(rows: list[dict], host_ref: tuple[float, float, float] | None = None) -> str:
     """The issues' targets, met or missed, each miss with the term that dominates it. host_ref: this host's
-    `static_reference` (wall, CPU us)."""
+    `static_reference` (wall, CPU us) and `probe_us` (the probe at rest)."""
     out = ["## Reading (generated from the rows above)", ""]
     if host_ref:
         out.append(f"- this host runs the runtime's own Python of an in-place decode step (bench/host_cpu.py's "
                    f"`static` stub at N = 1, the replay stubbed out) in {host_ref[0]:.1f} us ({host_ref[1]:.1f} us "
-                   "of CPU): every host enqueue below moves with it between hosts")
+                   f"of CPU), and the pure-Python probe in {host_ref[2]:.1f} us at rest: every host enqueue below "
+                   "moves with them between hosts")
+
+    def wake(r: dict) -> str:
+        """How fast the host ran in the wake of the row's idle calls: the probe after them against at rest."""
+        if not host_ref or not r["probe_us"] == r["probe_us"]:  # NaN: not measured
+            return ""
+        ratio = r["probe_us"] / host_ref[2]
+        return (f"; the probe right after these calls took {r['probe_us']:.1f} us against {host_ref[2]:.1f} at rest "
+                f"({ratio:.1f}x)" + (": the host ran slower in the wake of each wait for the GPU" if ratio >= 1.3
+                                     else ""))
 
     def say(ok: bool, what: str, why: str = "") -> None:
         out.append(f"- {'met' if ok else 'MISSED'}: {what}" + ("" if ok or not why else f" -- {why}"))
@@ -436,7 +466,7 @@ def reading(rows: list[dict], host_ref: tuple[float, float] | None = None) -> st
         say(r["enqueue_us"] <= 40, f"decode N={n}: host enqueue {r['enqueue_us']:.1f} us "
             f"({r['enqueue_cpu_us']:.1f} of CPU) <= 40 us",
             "the open (request check) + input copy, graph launch, output copy + close (the commit): "
-            "bench/host_profile.py splits them; the `static` row leaves out the two copies")
+            "bench/host_profile.py splits them; the `static` row leaves out the two copies" + wake(r))
         say((r["wall_over_device"] or 9) <= 1.1, f"decode N={n}: wall {r['wall_us']:.0f} us <= 1.1 x device "
             f"{r['device_us']:.0f} us", "host-bound: the enqueue exceeds the device time" if host_bound else
             "gaps on the device between the step's launches (input copy, graph, output copy)")
@@ -450,7 +480,7 @@ def reading(rows: list[dict], host_ref: tuple[float, float] | None = None) -> st
                 f"{st['enqueue_us']:.1f} us ({st['enqueue_cpu_us']:.1f} of CPU) <= 40 us; wall / device "
                 f"{st['wall_over_device'] or 0:.2f}",
                 "the open (request check) + graph launch + close (the commit): host speed varies up to 2x between "
-                "H200 hosts (the host reference above; bench/host_profile.py splits the phases)")
+                "hosts (the host reference above; bench/host_profile.py splits the phases)" + wake(st))
         d = _get(rows, "dict", f"decode {n}")
         if d:
             out.append(f"- decode N={n}: dict API enqueue {d['enqueue_us']:.0f} us against the batched API's "
@@ -585,8 +615,8 @@ def main() -> None:
                  "norm_in_decode": glue_tri.TUNING.norm_in_decode,  # GDN_TRT_NORM_IN_DECODE: gpu-all.sh norm
                  "graph_io": graphs.IO})  # GDN_TRT_GRAPH_IO: the A/B of gpu-all.sh io
     # before any stack is built or profiled: the host's own speed, the term that moves every enqueue figure
-    host_ref = tuple(round(v, 2) for v in static_reference())
-    meta.update(host_ref_us=host_ref[0], host_ref_cpu_us=host_ref[1])
+    host_ref = tuple(round(v, 2) for v in (*static_reference(), probe_us()))
+    meta.update(host_ref_us=host_ref[0], host_ref_cpu_us=host_ref[1], probe_rest_us=host_ref[2])
     rows: dict[tuple[str, str], Row] = {}
     skipped: list[str] = []
     bw = {"best": 1e11}  # the copy rate stands in at 100 GB/s on the CPU (--smoke)

@@ -64,7 +64,8 @@ def measure(name: str, ns: tuple[int, ...], steps: int) -> tuple[list[dict], lis
                 fn()  # a bucket's first step captures its graph and runs the acceptance gate
                 kinds = o.sess.stats().kinds
                 before = {k: dict(v.paths) for k, v in kinds.items()}
-                row["wall_us"], row["enqueue_us"], _ = rb.timed(fn, steps)
+                t = rb.timed(fn, steps)
+                row["wall_us"], row["enqueue_us"] = t.wall, t.enqueue
                 row["path"] = ",".join(sorted({p for k, v in kinds.items() for p, c in v.paths.items()
                                                if c > before[k].get(p, 0)}))
                 if replay is None and rb.DEV == "cuda":

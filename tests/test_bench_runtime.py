@@ -43,6 +43,9 @@ def test_runtime_bench_reports_the_host_reference(runtime_bench, monkeypatch, tm
     assert meta["host_ref_us"] > 0 and meta["host_ref_cpu_us"] > 0
     md = next(tmp_path.glob("*-runtime.md")).read_text()
     assert f"in {meta['host_ref_us']:.1f} us ({meta['host_ref_cpu_us']:.1f} us of CPU)" in md
+    # the pure-Python probe: at rest in the meta and the reading, and after each row's idle calls in its column
+    assert meta["probe_rest_us"] > 0 and f"the pure-Python probe in {meta['probe_rest_us']:.1f} us at rest" in md
+    assert all(r["probe_us"] > 0 for r in rows)
     assert [(r["stack"], r["case"]) for r in rows] == [("static", "decode 1"), ("static", "decode 8")]
 
 

@@ -122,6 +122,10 @@ WIDE_N = 8192  # in_proj-like widths (>= WIDE_N rows: enough N-tiles to fill the
 # Warp specialization of the TMA loop (`tl.range(..., warp_specialize=True)`: a producer warp issuing the copies),
 # H100, 2026-12-05 (bench/results/2026-12-05-ws-gemm-h100.txt; the script is at 09d9be9): slower at every tile, in_proj
 # at M = 64 22.3-26.9 us against 20.6-22.4 without it and cuBLAS's 21.5; at M = 8 23.6-24.6 against 20.2-20.8.
+# What does not hold in_proj at M = 64 (H100, 2026-12-05, bench/results/2026-12-05-reg-gemm-h100.txt; the scripts are
+# at 4b852c3 and b5604d6): re-reading x from the L2 (the same loop with its x tile loaded once: 20.79 against 20.82 us,
+# cuBLAS 20.91); the shared-memory pipeline (the weight through registers one K step ahead, 16-byte loads, 4-8 warps:
+# 24.8-34.6 us; at M = 8 21.3-25.6 against 19.6). A kernel that only reads the weight took 17.35 us there (2.92 TB/s).
 TABLE: tuple[Row, ...] = (
     Row(1, WIDE_N, Config(16, 64, 128, 4, 4), 0.899),  # 14.4 against 16.0 us, 3.52 TB/s
     Row(1, 0, Config(1, 8, 1024, 1, 4, dot=False), 0.810),  # 7.1 against 8.7 us, 2.37 TB/s
