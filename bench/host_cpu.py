@@ -154,7 +154,7 @@ def probe() -> int:
     return sum(i * i for i in range(400))
 
 
-def probe_us(calls: int = 200) -> float:
+def probe_at_rest(calls: int = 200) -> float:
     """The probe's median time (us) with nothing before it: the host at rest."""
     return _median_us(probe, calls)[0]
 

@@ -49,6 +49,7 @@ with its error and the run goes on. Writes `<out>/<date>-runtime.{json,md,png}`.
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import statistics
 import sys
@@ -63,7 +64,7 @@ import torch
 # bench/common.py and bench/glue.py: Python puts the script's folder first on sys.path (run as `python bench/...`)
 from common import RESULTS, copy_bandwidth, device_info, write_results
 from glue import category
-from host_cpu import probe, probe_us, static_reference
+from host_cpu import probe, probe_at_rest, static_reference
 
 from gdn_trt.model.config import PRESETS, GdnConfig
 from gdn_trt.plugins.glue import triton as glue_tri
@@ -437,7 +438,7 @@ def _over_floor(r: dict, bound: float) -> str:
 
 def reading(rows: list[dict], host_ref: tuple[float, float, float] | None = None) -> str:
     """The issues' targets, met or missed, each miss with the term that dominates it. host_ref: this host's
-    `static_reference` (wall, CPU us) and `probe_us` (the probe at rest)."""
+    `static_reference` (wall, CPU us) and `probe_at_rest`."""
     out = ["## Reading (generated from the rows above)", ""]
     if host_ref:
         out.append(f"- this host runs the runtime's own Python of an in-place decode step (bench/host_cpu.py's "
@@ -447,7 +448,7 @@ def reading(rows: list[dict], host_ref: tuple[float, float, float] | None = None
 
     def wake(r: dict) -> str:
         """How fast the host ran in the wake of the row's idle calls: the probe after them against at rest."""
-        if not host_ref or not r["probe_us"] == r["probe_us"]:  # NaN: not measured
+        if not host_ref or math.isnan(r["probe_us"]):  # not measured
             return ""
         ratio = r["probe_us"] / host_ref[2]
         return (f"; the probe right after these calls took {r['probe_us']:.1f} us against {host_ref[2]:.1f} at rest "
@@ -615,7 +616,7 @@ def main() -> None:
                  "norm_in_decode": glue_tri.TUNING.norm_in_decode,  # GDN_TRT_NORM_IN_DECODE: gpu-all.sh norm
                  "graph_io": graphs.IO})  # GDN_TRT_GRAPH_IO: the A/B of gpu-all.sh io
     # before any stack is built or profiled: the host's own speed, the term that moves every enqueue figure
-    host_ref = tuple(round(v, 2) for v in (*static_reference(), probe_us()))
+    host_ref = tuple(round(v, 2) for v in (*static_reference(), probe_at_rest()))
     meta.update(host_ref_us=host_ref[0], host_ref_cpu_us=host_ref[1], probe_rest_us=host_ref[2])
     rows: dict[tuple[str, str], Row] = {}
     skipped: list[str] = []
