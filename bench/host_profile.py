@@ -1,9 +1,9 @@
 """Where the host time of a decode step goes, on the machine that runs it (the H200's host for the real figure).
 
-    python bench/host_profile.py [--n 1,256] [--steps 300] [--top 25] [--smoke]
+    python bench/host_profile.py [--n 1,256] [--steps 300] [--top 25] [--stack ours|ple|noPLE] [--smoke]
     python bench/host_profile.py --eager "verify 64x4,prefill 4096" [--steps 30] [--top 25] [--smoke]
 
-The `ours` stack of `bench/runtime.py` (4 Qwen3-Next GDN layers, bf16, CUDA graphs): per N, every step started on
+The `ours` stack of `bench/runtime.py` (4 Qwen3-Next GDN layers, bf16, CUDA graphs; `--stack` another): per N, every step started on
 an idle GPU, the three phases of the batched API timed apart (open: `begin_step`, the request check, index copy and
 PLE staging; run: `step.run`, the graph replay; close: the commit), medians in us, with `run(x)` and with the input
 and output in place (`step.input()`, `run(..., copy=False)`); on CUDA then `bench/runtime.py`'s own measure
@@ -51,6 +51,7 @@ def phases(o: "rb.Ours", n: int, steps: int, static: bool, wait=None) -> dict[st
     GPU is waited for before each step (`rb.sync`, or `spin`)."""
     s, seqs = o.sess, o.seqs[:n]
     x = rb.torch.randn(n, o.cfg.stream_dim, device=rb.DEV).to(s.dtype)
+    ids = o.gen.integers(0, o.cfg.vocab_size, n) if s.feeds is not None else None  # a PLE stack's token ids
     out = {"open": [], "run": [], "close": [], "whole": []}
     pk = s._steps.pack
     for k in range(steps + 3):
@@ -58,7 +59,7 @@ def phases(o: "rb.Ours", n: int, steps: int, static: bool, wait=None) -> dict[st
             copies = pk.copies
         (wait or rb.sync)()
         t0 = time.perf_counter()
-        st = s.begin_step(seqs, "decode")
+        st = s.begin_step(seqs, "decode", None, ids)
         st.__enter__()
         t1 = time.perf_counter()
         st.run(st.input(), copy=False) if static else st.run(x)
@@ -321,11 +322,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--eager", default="", help="comma-separated bench/runtime.py cases to profile eagerly instead")
+    ap.add_argument("--stack", default="ours", choices=("ours", "ple", "noPLE"),
+                    help="bench/runtime.py's stack to profile (ple: Qwen4-Exp with a PLE layer, its feeds hoisted)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks this script only")
     args = ap.parse_args()
     if args.smoke:
         rb.DEV = "cpu"
-    o = rb.Ours(rb.configs(args.smoke)["ours"], False if args.eager else None)  # --eager: verify without graphs
+    o = rb.Ours(rb.configs(args.smoke)[args.stack], False if args.eager else None)  # --eager: verify without graphs
     if args.eager:
         for case in args.eager.split(","):
             eager(o, case.strip(), args.steps, args.top)

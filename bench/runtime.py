@@ -253,11 +253,11 @@ class Ours:
             tok = None if ids is None else {int(q): ids[k:k + 1] for k, q in enumerate(seqs)}
             return lambda: s.decode(batch, tok)
         if api == "static":
-            with s.begin_step(seqs, kind) as st:  # the rows the next steps read in place hold x
+            with s.begin_step(seqs, kind, None, ids) as st:  # the rows the next steps read in place hold x
                 st.run(st.input().copy_(x))
 
             def static():
-                with s.begin_step(seqs, kind) as st:
+                with s.begin_step(seqs, kind, None, ids) as st:
                     st.run(st.input(), copy=False)
 
             return static
