@@ -3,7 +3,7 @@
     python bench/host_profile.py [--n 1,256] [--steps 300] [--top 25] [--stack ours|ple|noPLE] [--smoke]
     python bench/host_profile.py --eager "verify 64x4,prefill 4096" [--steps 30] [--top 25] [--smoke]
 
-The `ours` stack of `bench/runtime.py` (4 Qwen3-Next GDN layers, bf16, CUDA graphs; `--stack` another): per N, every step started on
+The `ours` stack of `bench/runtime.py` (4 Qwen3-Next GDN layers, bf16, CUDA graphs): per N, every step started on
 an idle GPU, the three phases of the batched API timed apart (open: `begin_step`, the request check, index copy and
 PLE staging; run: `step.run`, the graph replay; close: the commit), medians in us, with `run(x)` and with the input
 and output in place (`step.input()`, `run(..., copy=False)`); on CUDA then `bench/runtime.py`'s own measure
