@@ -120,8 +120,9 @@ class PhasedChain:
 
     def __init__(self, sizes: list[tuple[int, int]], device: str, resident: int):
         n_ph = len(KERNELS)
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if device == "cuda" else 1
-        self.programs = sms * resident if device == "cuda" else 1  # the interpreter runs programs one by one
+        # every SM's share; the interpreter runs programs one by one, so one program there
+        self.programs = (torch.cuda.get_device_properties(device).multi_processor_count * resident
+                         if device == "cuda" else 1)
         self.block = BLOCK * 4 // resident  # 64 KB of loads in flight an SM whatever `resident`
         pad = lambda v: -(-v // self.block) * self.block  # noqa: E731 - each phase's buffers at a whole block
         self.layers = []

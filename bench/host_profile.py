@@ -51,7 +51,7 @@ def phases(o: "rb.Ours", n: int, steps: int, static: bool, wait=None) -> dict[st
     GPU is waited for before each step (`rb.sync`, or `spin`)."""
     s, seqs = o.sess, o.seqs[:n]
     x = rb.torch.randn(n, o.cfg.stream_dim, device=rb.DEV).to(s.dtype)
-    ids = o.gen.integers(0, o.cfg.vocab_size, n) if s.feeds is not None else None  # a PLE stack's token ids
+    ids = o.token_ids(n)
     out = {"open": [], "run": [], "close": [], "whole": []}
     pk = s._steps.pack
     for k in range(steps + 3):

@@ -117,6 +117,10 @@ class Row:
     error: str = ""
     kernels: dict = field(default_factory=dict)
 
+    def take(self, t: Timed) -> None:
+        """`timed`'s figures into the row."""
+        self.wall_us, self.enqueue_us, self.enqueue_cpu_us, self.probe_us = t.wall, t.enqueue, t.enqueue_cpu, t.probe
+
     def finish(self, bw: float, floor_bytes: tuple[float, float] | None) -> "Row":
         """floor_bytes: (weight bytes, state bytes) of the step (`_floor`)."""
         if floor_bytes:
@@ -242,11 +246,15 @@ class Ours:
         self.seqs = np.array([self.sess.add_sequence() for _ in range(256)])
         self.gen = np.random.default_rng(0)
 
+    def token_ids(self, T: int) -> np.ndarray | None:
+        """Ids of a step's T tokens for a PLE stack (its feeds hash them); None for a stack without PLE."""
+        return self.gen.integers(0, self.cfg.vocab_size, T) if self.sess.feeds is not None else None
+
     def step_fn(self, kind: str, lengths: list[int], api: str = "batched"):
         s, n, T = self.sess, len(lengths), sum(lengths)
         seqs = self.seqs[:n]
         x = torch.randn(T, self.cfg.stream_dim, device=DEV).to(s.dtype)
-        ids = self.gen.integers(0, self.cfg.vocab_size, T) if s.feeds is not None else None
+        ids = self.token_ids(T)
         L = np.array(lengths)
         if api == "dict":
             batch = {int(q): x[k:k + 1] for k, q in enumerate(seqs)}
@@ -274,9 +282,7 @@ class Ours:
         feeds = self.sess.feeds
         if feeds is None:
             return None
-        slots = np.arange(n)
-        ids = self.gen.integers(0, self.cfg.vocab_size, n)
-        cu = np.arange(n + 1)
+        slots, ids, cu = np.arange(n), self.token_ids(n), np.arange(n + 1)
         pad = (min(b for b in NS if b >= n) - n) if n in NS else 0
         for _ in range(3):
             feeds.stage(slots, ids, cu, 0, pad, None)
@@ -322,8 +328,7 @@ def time_ours(o: Ours, stack: str, case: str, steps: int) -> Row:
     fn()  # the first step of a bucket captures its graphs and runs the acceptance gate
     stats = o.sess.stats().kinds
     before = {k: dict(v.paths) for k, v in stats.items()}
-    t = timed(fn, steps)
-    row.wall_us, row.enqueue_us, row.enqueue_cpu_us, row.probe_us = t.wall, t.enqueue, t.enqueue_cpu, t.probe
+    row.take(timed(fn, steps))
     row.path = ",".join(sorted({p for k, v in stats.items() for p, c in v.paths.items() if c > before[k].get(p, 0)}))
     if kind in ("decode", "verify") and DEV == "cuda":
         graphs = o.sess.graphs.replayable(len(lengths), verify=kind == "verify")
@@ -390,8 +395,7 @@ class Hf:
 def time_hf(h: Hf, case: str, steps: int) -> Row:
     kind, lengths = CASES[case]
     row = Row("hf", case, path=f"eager ({h.kernels_used()})")
-    t = timed(h.step_fn(kind, lengths), steps)
-    row.wall_us, row.enqueue_us, row.enqueue_cpu_us, row.probe_us = t.wall, t.enqueue, t.enqueue_cpu, t.probe
+    row.take(timed(h.step_fn(kind, lengths), steps))
     return row
 
 
